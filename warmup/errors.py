@@ -1,0 +1,155 @@
+"""The one exception hierarchy of trl-warmup.
+
+Every error a user can cause is a `WarmupError` whose message says what was wrong and what to do.
+The CLI prints it as one line (no traceback); the API maps it to a 4xx answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    """One invalid field: where it is in the spec (dotted path) and why it is wrong."""
+
+    loc: str
+    msg: str
+
+    def __str__(self) -> str:
+        return f"{self.loc}: {self.msg}" if self.loc else self.msg
+
+
+class WarmupError(Exception):
+    """Base of every error trl-warmup raises on purpose."""
+
+    exit_code = 1
+
+
+# --- specs and plans ---------------------------------------------------------------------------
+
+
+class SpecError(WarmupError):
+    """The spec is invalid. Carries every problem found, each with its field path."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[FieldProblem] | str, *, loc: str = "") -> None:
+        if isinstance(problems, str):
+            problems = [FieldProblem(loc, problems)]
+        self.problems = problems
+        super().__init__("invalid spec: " + "; ".join(str(p) for p in problems))
+
+
+class UnknownTrainerError(SpecError):
+    """The spec names a trainer trl-warmup does not know."""
+
+
+class PlanTooLargeError(SpecError):
+    """The spec plans more signatures than the service accepts."""
+
+
+class ModelConfigError(WarmupError):
+    """The model's config.json (or tokenizer) cannot be read."""
+
+    exit_code = 2
+
+
+class MissingDependencyError(WarmupError):
+    """An optional package this operation needs is not installed."""
+
+
+# --- environments ------------------------------------------------------------------------------
+
+
+class ToolchainMismatchError(WarmupError):
+    """Two toolchains differ where a cache hit needs them equal; names each differing field."""
+
+    def __init__(self, differences: dict[str, tuple[object, object]], *, what: str = "toolchain") -> None:
+        self.differences = differences
+        detail = ", ".join(f"{k}: {a!r} here vs {b!r} in the cache" for k, a, b in _triples(differences))
+        super().__init__(
+            f"{what} mismatch ({detail}); warm the cache from a worker with this environment, "
+            "or run training in the environment the cache was built for"
+        )
+
+
+def _triples(differences: dict[str, tuple[object, object]]):
+    for key, (ours, theirs) in sorted(differences.items()):
+        yield key, ours, theirs
+
+
+class BackendUnavailableError(WarmupError):
+    """The compile backend the spec targets cannot run on this machine."""
+
+
+# --- warming -----------------------------------------------------------------------------------
+
+
+class RehearsalError(WarmupError):
+    """A signature's rehearsal failed (crash, time limit, or compiled the wrong thing)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, log: str = "") -> None:
+        self.log = log
+        super().__init__(message)
+
+
+# --- storage -----------------------------------------------------------------------------------
+
+
+class StoreError(WarmupError):
+    """The blob store refused or failed an operation."""
+
+
+class StoreUnreachableError(StoreError):
+    """The blob store cannot be reached, the bucket is missing or the credentials are refused."""
+
+
+class BlobIntegrityError(StoreError):
+    """A blob's content does not match its sha256 or size."""
+
+
+class UnsafeArtifactError(WarmupError):
+    """An artifact path would land outside the destination (absolute, `..`, symlink)."""
+
+
+# --- the service and its clients ---------------------------------------------------------------
+
+
+class ServerError(WarmupError):
+    """The service answered with an error."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class ServerUnreachableError(ServerError):
+    """The service cannot be reached."""
+
+
+class NotWarmedError(WarmupError):
+    """No cache exists yet for this spec and toolchain."""
+
+    exit_code = 3
+
+
+class PartlyWarmedError(WarmupError):
+    """Some signatures of the spec have no entry yet."""
+
+    exit_code = 3
+
+    def __init__(self, missing: list[str], message: str | None = None) -> None:
+        self.missing = missing
+        super().__init__(
+            message
+            or f"{len(missing)} signature(s) not warmed yet: {', '.join(missing[:10])}"
+            + (" ..." if len(missing) > 10 else "")
+            + "; wait for the warm-up (--wait) or install what exists (--allow-partial)"
+        )
+
+
+class AuthError(ServerError):
+    """Missing, unknown or insufficient bearer token."""

@@ -1,0 +1,83 @@
+"""What the planner needs from a model: its config, read as JSON (no weights, no torch).
+
+The config hash names the model in signatures: two models whose configs differ only in cosmetic
+keys (their path, the transformers version that wrote them) compile the same graphs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from warmup.errors import ModelConfigError
+
+# Keys of config.json that never change a compiled graph.
+COSMETIC_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation_autoset"})
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    source: str
+    config: dict[str, Any]
+    config_hash: str
+
+    @property
+    def architecture(self) -> str | None:
+        architectures = self.config.get("architectures") or []
+        return architectures[0] if architectures else None
+
+    @property
+    def dtype(self) -> str | None:
+        """The dtype the checkpoint declares ("auto" loads it)."""
+        return self.config.get("dtype") or self.config.get("torch_dtype")
+
+    @property
+    def sliding_window(self) -> int | None:
+        return self.config.get("sliding_window") if self.config.get("use_sliding_window", True) else None
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    relevant = {k: v for k, v in config.items() if k not in COSMETIC_CONFIG_KEYS}
+    canonical = json.dumps(relevant, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=256)
+def read_model_facts(source: str) -> ModelFacts:
+    """Read `config.json` from a local directory, or from the Hugging Face Hub for a hub id."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise ModelConfigError(f"model directory {source} has no config.json")
+    elif source.startswith((".", "/", "~")):
+        raise ModelConfigError(f"model directory {source} does not exist")
+    else:
+        config_path = _download_config(source)
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ModelConfigError(f"cannot read {config_path}: {error}") from None
+    if not isinstance(config, dict):
+        raise ModelConfigError(f"{config_path} is not a JSON object")
+    return ModelFacts(source=source, config=config, config_hash=config_hash(config))
+
+
+def _download_config(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise ModelConfigError(
+            f"{repo_id!r} is not a local directory, and huggingface_hub is not installed to fetch it"
+        ) from None
+    try:
+        return Path(hf_hub_download(repo_id, "config.json"))
+    except Exception as error:  # offline, unknown repo, gated: all mean the same to the user
+        raise ModelConfigError(
+            f"cannot fetch config.json of {repo_id!r} from the Hugging Face Hub ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}); pass a local model directory instead"
+        ) from None

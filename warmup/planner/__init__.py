@@ -1,0 +1,112 @@
+"""Spec -> plan: the exact set of signatures a TRL job will hit, plus warnings for what cannot be listed.
+
+One module per trainer family, each following `shared/notes/trl-shapes.md` (TRL 1.16.0):
+sft (SFT), preference (DPO, KTO, Reward), online (GRPO, RLOO), distillation.
+
+`plan()` is pure Python once the model config is read and the args are resolved; `plan_spec()`
+does both and is what callers normally use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from warmup.errors import SpecError
+from warmup.model_facts import ModelFacts, read_model_facts
+from warmup.planner.common import MAX_SIGNATURES, PlanBuilder
+from warmup.planner.estimate import estimate_seconds
+from warmup.planner.sft import plan_sft
+from warmup.signature import Plan
+from warmup.spec import SUPPORTED_NEURON_CORE_GROUPS, Spec
+from warmup.trl_args import TrainerArgs, resolve_trainer_args
+
+# Dynamo's default recompile limit per code object (torch._dynamo.config.recompile_limit).
+DYNAMO_DEFAULT_RECOMPILE_LIMIT = 8
+
+PLANNERS: dict[str, Callable[[PlanBuilder], None]] = {"sft": plan_sft}
+
+
+def _register_families() -> None:
+    # Imported here so that a family module may import from this package's common helpers.
+    from warmup.planner import distillation, online, preference
+
+    PLANNERS.update(
+        dpo=preference.plan_dpo,
+        kto=preference.plan_kto,
+        reward=preference.plan_reward,
+        grpo=online.plan_grpo,
+        rloo=online.plan_rloo,
+        distillation=distillation.plan_distillation,
+    )
+
+
+def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts | None = None) -> Plan:
+    """Plan a spec whose args are resolved and whose model config is read."""
+    if len(PLANNERS) == 1:
+        _register_families()
+    builder = PlanBuilder(spec=spec, args=args, model=model, teacher=teacher)
+    _target_warnings(builder)
+    PLANNERS[spec.trainer](builder)
+    _recompile_limit_warning(builder)
+    return builder.build()
+
+
+def plan_spec(spec: Spec) -> Plan:
+    """Validate the args with TRL, read the model config(s), and plan."""
+    args = resolve_trainer_args(spec)
+    model = read_model_facts(spec.model)
+    teacher = read_model_facts(spec.teacher_model) if spec.teacher_model else None
+    return plan(spec, args, model, teacher)
+
+
+def _target_warnings(plan: PlanBuilder) -> None:
+    target = plan.spec.target
+    args = plan.args
+    if target.backend == "neuron" and plan.multiple is None:
+        plan.warn(
+            "no padding on Neuron (pad_to_multiple_of is None): every distinct sequence length is a new "
+            "compile of about a minute; set pad_to_multiple_of: 128 (or leave it 'auto')"
+        )
+    if target.backend == "inductor" and args.compile_backend is None:
+        plan.warn(
+            "torch_compile is off: under Inductor the job compiles nothing, so there is nothing to warm; "
+            "set torch_compile: true to compile (and warm) the listed signatures"
+        )
+    if args.auto_find_batch_size:
+        plan.warn(
+            "auto_find_batch_size halves the batch on out-of-memory, so the batch sizes cannot be listed; "
+            "set per_device_train_batch_size and turn auto_find_batch_size off"
+        )
+    strategy = getattr(args.config, "train_sampling_strategy", None)
+    if strategy == "batch_rebalance":
+        plan.warn(
+            "train_sampling_strategy 'batch_rebalance' makes variable batch sizes by design; only the configured "
+            "batch size is listed: use 'random' or 'group_by_length'"
+        )
+    cores = target.neuron_rt_visible_cores
+    if cores is not None and cores.replace(" ", "") not in SUPPORTED_NEURON_CORE_GROUPS:
+        plan.warn(
+            f"NEURON_RT_VISIBLE_CORES {cores!r} is not a supported core group: use 0,1 / 2,3 / 0-3 "
+            "(a group must start at a multiple of its size)"
+        )
+
+
+def _recompile_limit_warning(plan: PlanBuilder) -> None:
+    """Dynamo silently runs eager past its recompile limit; count graphs per compiled model forward."""
+    if plan.args.compile_backend is None:
+        return
+    per_model: dict[str, int] = {}
+    for signature in plan.signatures.values():
+        if signature.compile != "eager":
+            per_model[signature.model] = per_model.get(signature.model, 0) + 1
+    most = max(per_model.values(), default=0)
+    if most > DYNAMO_DEFAULT_RECOMPILE_LIMIT:
+        plan.warn(
+            f"{most} signatures compile through one model forward, above Dynamo's default recompile_limit "
+            f"({DYNAMO_DEFAULT_RECOMPILE_LIMIT}): past it new shapes silently run eager; call "
+            "warmup.activate() in the training process (it raises the limit to the plan's size) or set "
+            f"torch._dynamo.config.recompile_limit >= {most}"
+        )
+
+
+__all__ = ["MAX_SIGNATURES", "Plan", "SpecError", "estimate_seconds", "plan", "plan_spec"]

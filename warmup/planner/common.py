@@ -1,0 +1,197 @@
+"""What every trainer family's planner shares: padding buckets, batch sizes, the plan under construction.
+
+The rules follow `shared/notes/trl-shapes.md` (TRL 1.16.0): TRL pads each batch to
+`ceil_m(longest row in the batch)` with no cap at max_length, so the reachable lengths are the
+multiples of m from the smallest possible batch maximum to `ceil_m(longest possible row)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from warmup.errors import PlanTooLargeError
+from warmup.model_facts import ModelFacts
+from warmup.signature import Phase, Plan, SettingValue, Signature
+from warmup.spec import DataFacts, Spec
+from warmup.trl_args import TrainerArgs
+
+# A spec that plans more than this many signatures is refused: no warm-up budget covers it, and it
+# almost always means padding is off.
+MAX_SIGNATURES = 2048
+
+
+def ceil_to(value: int, multiple: int | None) -> int:
+    """TRL's padding: round up to a multiple of `multiple` (no rounding when None)."""
+    if not multiple:
+        return value
+    return math.ceil(value / multiple) * multiple
+
+
+def padded_lengths(low: int, high: int, multiple: int | None) -> list[int]:
+    """Every padded length a batch whose longest row is in [low, high] can have."""
+    if low > high:
+        return []
+    if not multiple:
+        return list(range(low, high + 1))
+    return list(range(ceil_to(low, multiple), ceil_to(high, multiple) + 1, multiple))
+
+
+def kth_smallest_length(histogram: dict[int, int], k: int) -> int:
+    """The k-th smallest example length (1-based) in a length histogram."""
+    seen = 0
+    for length in sorted(histogram):
+        seen += histogram[length]
+        if seen >= k:
+            return length
+    return max(histogram)
+
+
+def smallest_batch_max(data: DataFacts, rows: int, default: int = 1) -> int:
+    """The smallest possible longest-row of a batch of `rows` examples, from the data facts."""
+    if data.length_histogram:
+        return kth_smallest_length(data.length_histogram, rows)
+    return data.shortest or default
+
+
+def partial_batch(num_examples: int | None, batch: int, *, drop_last: bool, world_size: int) -> int | None:
+    """Rows in the short last batch of an epoch, if there is one.
+
+    Only a single process sees it: with several processes accelerate's even_batches fills the last
+    batch by cycling samples from the start of the epoch (trl-shapes.md section 3.6).
+    """
+    if num_examples is None or drop_last or world_size > 1:
+        return None
+    remainder = num_examples % batch
+    return remainder or None
+
+
+def full_batch_reachable(num_examples: int | None, batch: int, world_size: int) -> bool:
+    """Whether a full batch of `batch` rows per process ever occurs."""
+    if num_examples is None or world_size > 1:
+        return True
+    return num_examples >= batch
+
+
+def graph_hash(settings: Any) -> str:
+    canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class PlanBuilder:
+    """A plan under construction: the spec's resolved facts, the signatures so far, the warnings."""
+
+    spec: Spec
+    args: TrainerArgs
+    model: ModelFacts
+    teacher: ModelFacts | None = None
+    signatures: dict[str, Signature] = dataclasses.field(default_factory=dict)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def multiple(self) -> int | None:
+        """The resolved pad_to_multiple_of (None: no padding)."""
+        return self.args.pad_to_multiple_of
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.target.world_size
+
+    @property
+    def data(self) -> DataFacts:
+        return self.spec.data
+
+    @property
+    def weight_dtype(self) -> str:
+        """The policy's weight dtype as TRL loads it (model_init_kwargs dtype; TRL's default float32)."""
+        return _weight_dtype(self.args.model_init_kwargs, self.model)
+
+    @property
+    def compile_label(self) -> str:
+        if self.spec.target.backend == "neuron":
+            return "neuron"  # TorchNeuron compiles eager ops and torch.compile graphs alike
+        if self.args.compile_backend is None:
+            return "eager"
+        return f"inductor:{self.args.compile_mode}" if self.args.compile_mode else "inductor"
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def add(
+        self,
+        phase: Phase,
+        batch: int,
+        seq_len: int,
+        cache_len: int | None = None,
+        *,
+        model: ModelFacts | None = None,
+        gradient_checkpointing: bool | None = None,
+        settings: dict[str, SettingValue] | None = None,
+    ) -> None:
+        """Add one signature; graph settings come from the spec unless given."""
+        model = model or self.model
+        if gradient_checkpointing is None:
+            # Only the training forward checkpoints; forward-only passes turn it off (TRL does so for ref/old).
+            gradient_checkpointing = phase == "train" and bool(self.args.gradient_checkpointing)
+        signature = Signature(
+            phase=phase,
+            batch=batch,
+            seq_len=seq_len,
+            cache_len=cache_len,
+            trainer=self.spec.trainer,
+            model=model.config_hash,
+            dtype=self.weight_dtype if model is self.model else _teacher_dtype(self.args, model),
+            autocast=self.args.autocast,
+            gradient_checkpointing=gradient_checkpointing,
+            frozen=graph_hash(self.spec.peft) if self.spec.peft else None,
+            compile=self.compile_label,
+            world_size=self.world_size,
+            settings=settings or {},
+        )
+        key = signature.key()
+        if key not in self.signatures:
+            if len(self.signatures) >= MAX_SIGNATURES:
+                raise PlanTooLargeError(
+                    f"the spec plans more than {MAX_SIGNATURES} signatures; set pad_to_multiple_of "
+                    "(128 on Neuron) and data facts (max_tokens) so that the shapes are few",
+                    loc="args.pad_to_multiple_of",
+                )
+            self.signatures[key] = signature
+
+    def add_many(self, phase: Phase, batches: Iterable[int], lengths: Iterable[int], **kwargs: Any) -> None:
+        lengths = list(lengths)
+        for batch in batches:
+            for length in lengths:
+                self.add(phase, batch, length, **kwargs)
+
+    def build(self) -> Plan:
+        ordered = sorted(
+            self.signatures.values(),
+            key=lambda s: (PHASE_ORDER[s.phase], s.model, s.batch, s.seq_len, s.cache_len or 0),
+        )
+        return Plan(signatures=ordered, warnings=list(self.warnings))
+
+
+PHASE_ORDER = {
+    phase: index
+    for index, phase in enumerate(
+        ("train", "old_logps", "ref", "teacher", "eval", "generate_prefill", "generate_decode")
+    )
+}
+
+
+def _weight_dtype(model_init_kwargs: dict[str, Any] | None, model: ModelFacts) -> str:
+    dtype = (model_init_kwargs or {}).get("dtype", "float32")
+    if dtype in (None, "auto"):
+        dtype = model.dtype or "float32"
+    return str(dtype).removeprefix("torch.")
+
+
+def _teacher_dtype(args: TrainerArgs, teacher: ModelFacts) -> str:
+    return _weight_dtype(getattr(args.config, "teacher_model_init_kwargs", None), teacher)

@@ -1,0 +1,118 @@
+"""SFTTrainer: plain, wrapped packing, and padding-free (bfd packing). trl-shapes.md sections 3 and 10.1-2."""
+
+from __future__ import annotations
+
+from warmup.errors import SpecError
+from warmup.planner.common import (
+    PlanBuilder,
+    ceil_to,
+    full_batch_reachable,
+    padded_lengths,
+    partial_batch,
+    smallest_batch_max,
+)
+
+
+def plan_sft(plan: PlanBuilder) -> None:
+    args = plan.args
+    settings = {
+        "loss_type": args.loss_type,
+        "padding_free": _padding_free(plan),
+        "use_liger_kernel": bool(args.use_liger_kernel),
+        "activation_offloading": bool(args.activation_offloading),
+    }
+    longest = _longest_row(plan)
+    if longest is None:
+        plan.warn(
+            "sequence lengths are unbounded: max_length is None and data.max_tokens is not given; "
+            "set max_length (or data.max_tokens) so that the shapes can be listed"
+        )
+        return
+    _shapes(plan, "train", args.per_device_train_batch_size, plan.data.num_train_examples, bool(args.packing),
+            longest, settings)
+    if _evaluates(plan):
+        eval_packing = args.packing if args.eval_packing is None else args.eval_packing
+        _shapes(plan, "eval", args.per_device_eval_batch_size, plan.data.num_eval_examples, bool(eval_packing),
+                longest, settings)
+
+
+def _padding_free(plan: PlanBuilder) -> bool:
+    args = plan.args
+    return bool(args.padding_free or (args.packing and args.packing_strategy in {"bfd", "bfd_split"}))
+
+
+def _longest_row(plan: PlanBuilder) -> int | None:
+    """The longest row the collator can see: truncated at max_length unless preparation is skipped."""
+    args = plan.args
+    data_longest = plan.data.longest
+    skip_prepare = bool((args.dataset_kwargs or {}).get("skip_prepare_dataset", False))
+    if args.max_length is None or skip_prepare:
+        if skip_prepare and args.max_length is not None:
+            plan.warn(
+                "dataset_kwargs.skip_prepare_dataset is set, so max_length does not truncate: "
+                "the lengths come from data.max_tokens alone"
+            )
+        return data_longest
+    if args.packing:
+        return args.max_length
+    return min(args.max_length, data_longest) if data_longest is not None else args.max_length
+
+
+def _evaluates(plan: PlanBuilder) -> bool:
+    strategy = str(getattr(plan.args.eval_strategy, "value", plan.args.eval_strategy))
+    if strategy == "no" and not plan.args.eval_on_start:
+        return False
+    if plan.data.num_eval_examples == 0:
+        plan.warn("evaluation is configured but data.num_eval_examples is 0: no eval shapes are listed")
+        return False
+    return True
+
+
+def _shapes(
+    plan: PlanBuilder,
+    phase: str,
+    batch: int,
+    num_examples: int | None,
+    packing: bool,
+    longest: int,
+    settings: dict,
+) -> None:
+    args = plan.args
+    m = plan.multiple
+    split = "train" if phase == "train" else "eval"
+    if packing and _padding_free(plan):
+        # All rows of a batch are concatenated into one row of their total length (trl-shapes.md 3.3).
+        lengths = padded_lengths(min(smallest_batch_max(plan.data, 1), longest), batch * longest, m)
+        plan.add_many(phase, [1], lengths, settings=settings)
+        plan.warn(
+            "padding-free batches (bfd packing) pass data-dependent cu_seq_lens / max_length_q inputs; "
+            "on Neuron prefer packing_strategy: wrapped or packing: false"
+        )
+        return
+    if _padding_free(plan):
+        raise SpecError(
+            "padding_free without packing needs max_length: null (TRL refuses it otherwise)", loc="args.padding_free"
+        )
+    if packing:
+        # Wrapped packing: every row is max_length but one remainder row per map chunk.
+        plan.add(phase, batch, ceil_to(longest, m), settings=settings)
+        plan.warn(
+            f"wrapped packing: a {split} batch made only of chunk-remainder rows is shorter than max_length and "
+            "cannot be listed from the data facts; set dataloader_drop_last: true to drop the last partial batch"
+        )
+        return
+
+    batches = []
+    if full_batch_reachable(num_examples, batch, plan.world_size):
+        batches.append(batch)
+    remainder = partial_batch(num_examples, batch, drop_last=args.dataloader_drop_last, world_size=plan.world_size)
+    if remainder:
+        batches.append(remainder)
+    elif num_examples is None and not args.dataloader_drop_last and plan.world_size == 1:
+        plan.warn(
+            f"the last {split} batch of each epoch is shorter than {batch} rows unless the example count divides "
+            f"evenly: give data.num_{split}_examples (or set dataloader_drop_last: true) to list it"
+        )
+    for rows in batches:
+        lengths = padded_lengths(min(smallest_batch_max(plan.data, rows), longest), longest, m)
+        plan.add_many(phase, [rows], lengths, settings=settings)

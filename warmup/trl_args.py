@@ -1,0 +1,255 @@
+"""Check a spec's `args` against TRL's real config class and resolve them for the target.
+
+TRL's config classes are the authority on field names, types, defaults and the rules between
+fields; we build the real class (SFTConfig, GRPOConfig, ...) with the user's fields and read the
+resolved values back. A few things depend on where the job runs rather than on this machine, and
+are resolved for the spec's target instead:
+
+- `pad_to_multiple_of: auto` is 128 on Neuron and None elsewhere, exactly as TRL's `__post_init__`;
+- GRPO / RLOO `generation_batch_size` and `steps_per_generation` use the target's world size;
+- the compile backend comes from the target.
+
+The class is built with `use_cpu=True` so that bf16 / fp16 settings meant for an accelerator do not
+fail on the machine doing the planning; their values are read from the user's fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import re
+import typing
+import warnings
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from warmup.errors import FieldProblem, MissingDependencyError, SpecError
+from warmup.spec import Spec
+
+CONFIG_CLASS_NAMES = {
+    "sft": "SFTConfig",
+    "dpo": "DPOConfig",
+    "kto": "KTOConfig",
+    "reward": "RewardConfig",
+    "grpo": "GRPOConfig",
+    "rloo": "RLOOConfig",
+    "distillation": "DistillationConfig",
+}
+
+# Integer fields that size tensors: zero or negative values are impossible (TRL does not check all).
+POSITIVE_INT_FIELDS = (
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "max_length",
+    "max_completion_length",
+    "num_generations",
+    "num_generations_eval",
+    "generation_batch_size",
+    "steps_per_generation",
+    "num_iterations",
+    "precompute_ref_batch_size",
+    "eval_steps",
+)
+
+# Fields we override to build the class on this machine; the user's values are kept on the side.
+_NEUTRALIZED = {"use_cpu": True, "bf16": False, "fp16": False, "report_to": "none"}
+
+
+def config_class(trainer: str) -> type:
+    """TRL's config dataclass for a trainer kind."""
+    try:
+        import trl
+    except ImportError:
+        raise MissingDependencyError(
+            "planning needs TRL: pip install 'trl-warmup[trl]' (torch, transformers, trl)"
+        ) from None
+    return getattr(trl, CONFIG_CLASS_NAMES[trainer])
+
+
+@functools.cache
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls) if f.init}
+
+
+@functools.cache
+def _adapter(annotation: Any) -> TypeAdapter | None:
+    try:
+        return TypeAdapter(annotation)
+    except Exception:  # exotic annotations (enums of transformers, forward refs) are left to TRL itself
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerArgs:
+    """The trainer config as the job will see it: TRL's resolved instance plus the target's values."""
+
+    config: Any  # the TRL config instance (SFTConfig, GRPOConfig, ...)
+    given: dict[str, Any]  # the fields the user set, as given
+    bf16: bool
+    fp16: bool
+    compile_backend: str | None  # None when the job does not torch.compile
+    compile_mode: str | None
+
+    def __getattr__(self, name: str) -> Any:
+        # Attribute access falls through to the TRL config: `args.per_device_train_batch_size`.
+        return getattr(self.config, name)
+
+    @property
+    def autocast(self) -> str | None:
+        return "bf16" if self.bf16 else "fp16" if self.fp16 else None
+
+
+def resolve_trainer_args(spec: Spec) -> TrainerArgs:
+    """Validate `spec.args` with TRL's config class and resolve it for `spec.target`.
+
+    Raises SpecError naming every bad field (`args.<name>`) with the reason.
+    """
+    cls = config_class(spec.trainer)
+    fields = _fields(cls)
+    given = dict(spec.args)
+    problems = _unknown_or_mistyped(given, fields, cls.__name__)
+    problems += _impossible_values(given)
+    if problems:
+        raise SpecError(problems)
+
+    kwargs = {**given, **_NEUTRALIZED}
+    kwargs.setdefault("output_dir", "warmup-plan")
+    # "auto" resolves per target, exactly as TRL does on the device the job runs on.
+    kwargs["pad_to_multiple_of"] = resolve_pad_to_multiple_of(given.get("pad_to_multiple_of", "auto"), spec)
+    generation = None
+    if "steps_per_generation" in fields:
+        # TRL derives the generation batch from the number of processes of the machine it runs on;
+        # derive it for the target and hand TRL the result so its own checks see the target's value.
+        generation = _generation_batch(given, fields, spec.target.world_size)
+        kwargs["generation_batch_size"], kwargs["steps_per_generation"] = generation[1], None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = cls(**kwargs)
+    except (ValueError, TypeError) as error:
+        raise SpecError([FieldProblem(_field_named_in(str(error), given), str(error))]) from None
+    if generation is not None:
+        config.steps_per_generation, config.generation_batch_size = generation
+
+    bf16 = given.get("bf16")
+    fp16 = bool(given.get("fp16", False))
+    if bf16 is None:  # TRL's rule (trl/trainer/base_config.py): bf16 unless fp16
+        bf16 = not fp16
+    compile_backend = None
+    if config.torch_compile or given.get("torch_compile_backend") or given.get("torch_compile_mode"):
+        compile_backend = "neuron" if spec.target.backend == "neuron" else "inductor"
+        user_backend = given.get("torch_compile_backend")
+        if user_backend and user_backend != compile_backend:
+            raise SpecError(
+                f"torch_compile_backend {user_backend!r} does not match the target backend {spec.target.backend!r}",
+                loc="args.torch_compile_backend",
+            )
+    return TrainerArgs(
+        config=config,
+        given=given,
+        bf16=bool(bf16),
+        fp16=fp16,
+        compile_backend=compile_backend,
+        compile_mode=given.get("torch_compile_mode"),
+    )
+
+
+def resolve_pad_to_multiple_of(value: Any, spec: Spec) -> int | None:
+    """TRL's rule: "auto" is 128 when the training device is Neuron, otherwise no padding."""
+    if isinstance(value, str):
+        if value == "auto":
+            on_neuron = spec.target.device == "neuron" and not spec.args.get("use_cpu", False)
+            return 128 if on_neuron else None
+        if value.lower() in ("none", "null"):
+            return None
+        try:
+            value = int(value)
+        except ValueError:
+            raise SpecError(
+                f"expected an integer, 'auto' or 'none', got {value!r}", loc="args.pad_to_multiple_of"
+            ) from None
+    if value is not None and (not isinstance(value, int) or value < 1):
+        raise SpecError(f"must be a positive integer, got {value!r}", loc="args.pad_to_multiple_of")
+    return value
+
+
+def _generation_batch(given: dict[str, Any], fields: dict[str, dataclasses.Field], world_size: int) -> tuple[int, int]:
+    """GRPO / RLOO: (steps_per_generation, generation_batch_size) by TRL's rule, for `world_size` processes."""
+
+    def value(name: str) -> Any:
+        return given.get(name, fields[name].default)
+
+    batch = value("per_device_train_batch_size")
+    global_batch = batch * world_size
+    steps = given.get("steps_per_generation")
+    size = given.get("generation_batch_size")
+    if size is not None and steps is not None:
+        raise SpecError(
+            "generation_batch_size and steps_per_generation cannot both be set", loc="args.steps_per_generation"
+        )
+    if size is not None:
+        if size % global_batch != 0:
+            raise SpecError(
+                f"generation_batch_size ({size}) must be divisible by the global batch size "
+                f"per_device_train_batch_size x world_size ({batch} x {world_size} = {global_batch})",
+                loc="args.generation_batch_size",
+            )
+        return size // global_batch, size
+    steps = steps if steps is not None else value("gradient_accumulation_steps")
+    return steps, global_batch * steps
+
+
+def _unknown_or_mistyped(given: dict[str, Any], fields: dict[str, dataclasses.Field], cls_name: str) -> list:
+    problems = []
+    hints = typing.get_type_hints
+    for name, value in given.items():
+        if name not in fields:
+            close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(FieldProblem(f"args.{name}", f"unknown field for {cls_name}{hint}"))
+            continue
+        annotation = fields[name].type
+        if isinstance(annotation, str):
+            try:
+                annotation = hints(fields[name].type)  # pragma: no cover - TRL uses real annotations
+            except Exception:
+                continue
+        adapter = _adapter(annotation)
+        if adapter is None or value is None:
+            continue
+        try:
+            adapter.validate_python(value)
+        except ValidationError as error:
+            first = error.errors(include_url=False)[0]
+            problems.append(
+                FieldProblem(f"args.{name}", f"expected {_type_name(annotation)}, got {value!r} ({first['msg']})")
+            )
+    return problems
+
+
+def _impossible_values(given: dict[str, Any]) -> list[FieldProblem]:
+    problems = []
+    for name in POSITIVE_INT_FIELDS:
+        value = given.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            problems.append(FieldProblem(f"args.{name}", f"must be at least 1, got {value}"))
+    return problems
+
+
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) or str(annotation)
+    return re.sub(r"\b(typing|transformers\.[\w.]+)\.", "", text)
+
+
+def _field_named_in(message: str, given: dict[str, Any]) -> str:
+    """Best guess at the field an error from TRL's __post_init__ is about."""
+    for name in sorted(given, key=len, reverse=True):
+        if re.search(rf"\b{re.escape(name)}\b", message):
+            return f"args.{name}"
+    for name, value in given.items():
+        if isinstance(value, str | int) and not isinstance(value, bool) and re.search(rf"\b{re.escape(str(value))}\b", message):
+            return f"args.{name}"
+    return "args"
