@@ -45,8 +45,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: s
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="spec file (YAML/JSON), or the YAML of `trl <trainer> --config`")
     parser.add_argument("--trainer", help="trainer kind, for a TRL CLI config that does not say it")
-    parser.add_argument("--backend", choices=["neuron", "inductor"], help="override the spec's target backend")
-    parser.add_argument("--device", choices=["neuron", "cuda", "cpu"], help="override the spec's target device")
+    parser.add_argument(
+        "--backend", choices=["neuron", "inductor"], help="override the spec's target backend"
+    )
+    parser.add_argument(
+        "--device", choices=["neuron", "cuda", "cpu"], help="override the spec's target device"
+    )
     parser.add_argument("--world-size", type=int, help="override the spec's number of training processes")
 
 
@@ -94,11 +98,14 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="warmup", description="Pre-warm compile caches for TRL training jobs (Trainium and torch.compile)."
+        prog="warmup",
+        description="Pre-warm compile caches for TRL training jobs (Trainium and torch.compile).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    plan = sub.add_parser("plan", help="list every signature (shape and static-cache size) a job will compile")
+    plan = sub.add_parser(
+        "plan", help="list every signature (shape and static-cache size) a job will compile"
+    )
     add_spec_arguments(plan)
     plan.add_argument("--format", choices=["table", "json"], default="table")
     plan.set_defaults(func=cmd_plan)

@@ -16,7 +16,9 @@ from typing import Any
 from warmup.errors import ModelConfigError
 
 # Keys of config.json that never change a compiled graph.
-COSMETIC_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation_autoset"})
+COSMETIC_CONFIG_KEYS = frozenset(
+    {"_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation_autoset"}
+)
 
 
 @dataclass(frozen=True)

@@ -40,15 +40,20 @@ class Signature(BaseModel):
     seq_len: PositiveInt = Field(description="Padded sequence length; 1 for a decode step.")
     cache_len: PositiveInt | None = Field(None, description="Static KV-cache length (generation only).")
     trainer: str = Field(description="TRL trainer kind whose code path calls the model.")
-    model: str = Field(description="Hash of the config of the model this phase runs (policy, ref or teacher).")
+    model: str = Field(
+        description="Hash of the config of the model this phase runs (policy, ref or teacher)."
+    )
     dtype: str = Field(description="Weight dtype: float32, bfloat16 or float16.")
     autocast: str | None = Field(None, description="Mixed precision: bf16, fp16 or none.")
     gradient_checkpointing: bool = Field(False, description="Activation checkpointing inside this graph.")
     frozen: str | None = Field(None, description="Hash of the PEFT config freezing the base weights, if any.")
-    compile: str = Field(description="Compile backend and mode, e.g. 'inductor', 'inductor:max-autotune', 'neuron'.")
+    compile: str = Field(
+        description="Compile backend and mode, e.g. 'inductor', 'inductor:max-autotune', 'neuron'."
+    )
     world_size: PositiveInt = Field(1, description="Training processes; DDP changes the compiled graphs.")
     settings: dict[str, SettingValue] = Field(
-        default_factory=dict, description="Trainer switches that change the graph (loss_type, padding_free, ...)."
+        default_factory=dict,
+        description="Trainer switches that change the graph (loss_type, padding_free, ...).",
     )
 
     def key(self) -> str:

@@ -55,7 +55,11 @@ TRL_CLI_SCRIPT_KEYS = frozenset(
     }
 )
 # ModelConfig: how the model is loaded. TRL's scripts turn these into `model_init_kwargs`.
-TRL_CLI_MODEL_INIT_KEYS = {"model_revision": "revision", "dtype": "dtype", "attn_implementation": "attn_implementation"}
+TRL_CLI_MODEL_INIT_KEYS = {
+    "model_revision": "revision",
+    "dtype": "dtype",
+    "attn_implementation": "attn_implementation",
+}
 TRL_CLI_PEFT_KEYS = frozenset(
     {
         "use_peft",
@@ -94,7 +98,9 @@ class Target(_StrictModel):
         if self.backend == "neuron" and self.device != "neuron":
             raise ValueError(f"backend 'neuron' runs on device 'neuron', not {self.device!r}")
         if self.backend == "inductor" and self.device == "neuron":
-            raise ValueError("backend 'inductor' runs on device 'cuda' or 'cpu'; use backend 'neuron' on Trainium")
+            raise ValueError(
+                "backend 'inductor' runs on device 'cuda' or 'cpu'; use backend 'neuron' on Trainium"
+            )
         return self
 
 
@@ -147,13 +153,19 @@ class Spec(_StrictModel):
     """A training job as trl-warmup sees it."""
 
     trainer: TrainerKind = Field(description="The TRL trainer: " + ", ".join(TRAINER_KINDS) + ".")
-    model: str = Field(min_length=1, description="Hub id or local directory; only config and tokenizer are read.")
-    teacher_model: str | None = Field(None, description="Distillation only: the teacher's hub id or directory.")
+    model: str = Field(
+        min_length=1, description="Hub id or local directory; only config and tokenizer are read."
+    )
+    teacher_model: str | None = Field(
+        None, description="Distillation only: the teacher's hub id or directory."
+    )
     args: dict[str, Any] = Field(
-        default_factory=dict, description="The trainer's config fields under TRL's own names (SFTConfig, ...)."
+        default_factory=dict,
+        description="The trainer's config fields under TRL's own names (SFTConfig, ...).",
     )
     peft: dict[str, Any] | None = Field(
-        None, description="LoRA settings (TRL ModelConfig names: lora_r, lora_alpha, ...), if the job uses PEFT."
+        None,
+        description="LoRA settings (TRL ModelConfig names: lora_r, lora_alpha, ...), if the job uses PEFT.",
     )
     data: DataFacts = Field(default_factory=DataFacts)
     target: Target = Field(default_factory=Target)
@@ -213,7 +225,9 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-def parse_spec(data: dict[str, Any], *, trainer: str | None = None, target: dict[str, Any] | None = None) -> Spec:
+def parse_spec(
+    data: dict[str, Any], *, trainer: str | None = None, target: dict[str, Any] | None = None
+) -> Spec:
     """Validate a spec given as a mapping, in our form or in TRL's CLI form.
 
     `trainer` and `target` fill in what a TRL CLI config does not say (the CLI subcommand and where
@@ -268,7 +282,9 @@ def from_trl_cli_config(data: dict[str, Any], *, trainer: str | None = None) -> 
         spec["peft"] = peft
     quantization = {key: flat.pop(key) for key in list(flat) if key in TRL_CLI_QUANTIZATION_KEYS}
     if any(quantization.get(k) for k in ("load_in_8bit", "load_in_4bit")):
-        raise SpecError("bitsandbytes quantization does not run on Neuron or under torch.compile", loc="load_in_4bit")
+        raise SpecError(
+            "bitsandbytes quantization does not run on Neuron or under torch.compile", loc="load_in_4bit"
+        )
     for key in TRL_CLI_SCRIPT_KEYS:
         flat.pop(key, None)
     if init_kwargs:
@@ -293,7 +309,11 @@ def load_spec(
             text = path.read_text()
         except OSError as error:
             raise SpecError(f"cannot read spec file {path}: {error.strerror}") from None
-    elif path is not None and isinstance(source, Path | str) and str(source).endswith((".yaml", ".yml", ".json")):
+    elif (
+        path is not None
+        and isinstance(source, Path | str)
+        and str(source).endswith((".yaml", ".yml", ".json"))
+    ):
         raise SpecError(f"spec file {source} does not exist")
     else:
         text = str(source)

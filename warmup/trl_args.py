@@ -176,7 +176,9 @@ def resolve_pad_to_multiple_of(value: Any, spec: Spec) -> int | None:
     return value
 
 
-def _generation_batch(given: dict[str, Any], fields: dict[str, dataclasses.Field], world_size: int) -> tuple[int, int]:
+def _generation_batch(
+    given: dict[str, Any], fields: dict[str, dataclasses.Field], world_size: int
+) -> tuple[int, int]:
     """GRPO / RLOO: (steps_per_generation, generation_batch_size) by TRL's rule, for `world_size` processes."""
 
     def value(name: str) -> Any:
@@ -188,7 +190,8 @@ def _generation_batch(given: dict[str, Any], fields: dict[str, dataclasses.Field
     size = given.get("generation_batch_size")
     if size is not None and steps is not None:
         raise SpecError(
-            "generation_batch_size and steps_per_generation cannot both be set", loc="args.steps_per_generation"
+            "generation_batch_size and steps_per_generation cannot both be set",
+            loc="args.steps_per_generation",
         )
     if size is not None:
         if size % global_batch != 0:
@@ -225,7 +228,9 @@ def _unknown_or_mistyped(given: dict[str, Any], fields: dict[str, dataclasses.Fi
         except ValidationError as error:
             first = error.errors(include_url=False)[0]
             problems.append(
-                FieldProblem(f"args.{name}", f"expected {_type_name(annotation)}, got {value!r} ({first['msg']})")
+                FieldProblem(
+                    f"args.{name}", f"expected {_type_name(annotation)}, got {value!r} ({first['msg']})"
+                )
             )
     return problems
 
@@ -250,6 +255,10 @@ def _field_named_in(message: str, given: dict[str, Any]) -> str:
         if re.search(rf"\b{re.escape(name)}\b", message):
             return f"args.{name}"
     for name, value in given.items():
-        if isinstance(value, str | int) and not isinstance(value, bool) and re.search(rf"\b{re.escape(str(value))}\b", message):
+        if (
+            isinstance(value, str | int)
+            and not isinstance(value, bool)
+            and re.search(rf"\b{re.escape(str(value))}\b", message)
+        ):
             return f"args.{name}"
     return "args"

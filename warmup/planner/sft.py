@@ -28,12 +28,26 @@ def plan_sft(plan: PlanBuilder) -> None:
             "set max_length (or data.max_tokens) so that the shapes can be listed"
         )
         return
-    _shapes(plan, "train", args.per_device_train_batch_size, plan.data.num_train_examples, bool(args.packing),
-            longest, settings)
+    _shapes(
+        plan,
+        "train",
+        args.per_device_train_batch_size,
+        plan.data.num_train_examples,
+        bool(args.packing),
+        longest,
+        settings,
+    )
     if _evaluates(plan):
         eval_packing = args.packing if args.eval_packing is None else args.eval_packing
-        _shapes(plan, "eval", args.per_device_eval_batch_size, plan.data.num_eval_examples, bool(eval_packing),
-                longest, settings)
+        _shapes(
+            plan,
+            "eval",
+            args.per_device_eval_batch_size,
+            plan.data.num_eval_examples,
+            bool(eval_packing),
+            longest,
+            settings,
+        )
 
 
 def _padding_free(plan: PlanBuilder) -> bool:
@@ -91,7 +105,8 @@ def _shapes(
         return
     if _padding_free(plan):
         raise SpecError(
-            "padding_free without packing needs max_length: null (TRL refuses it otherwise)", loc="args.padding_free"
+            "padding_free without packing needs max_length: null (TRL refuses it otherwise)",
+            loc="args.padding_free",
         )
     if packing:
         # Wrapped packing: every row is max_length but one remainder row per map chunk.
@@ -105,7 +120,9 @@ def _shapes(
     batches = []
     if full_batch_reachable(num_examples, batch, plan.world_size):
         batches.append(batch)
-    remainder = partial_batch(num_examples, batch, drop_last=args.dataloader_drop_last, world_size=plan.world_size)
+    remainder = partial_batch(
+        num_examples, batch, drop_last=args.dataloader_drop_last, world_size=plan.world_size
+    )
     if remainder:
         batches.append(remainder)
     elif num_examples is None and not args.dataloader_drop_last and plan.world_size == 1:

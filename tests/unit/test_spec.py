@@ -1,0 +1,196 @@
+"""The spec: our form, TRL's CLI form, and one clear error per bad field."""
+
+from __future__ import annotations
+
+import pytest
+
+from warmup.errors import SpecError, UnknownTrainerError
+from warmup.spec import load_spec
+from warmup.trl_args import resolve_trainer_args
+
+
+def spec_dict(**overrides):
+    base = {
+        "trainer": "sft",
+        "model": "/models/tiny",
+        "args": {},
+        "target": {"backend": "neuron", "device": "neuron"},
+    }
+    base.update(overrides)
+    return base
+
+
+def problems(error: SpecError) -> dict[str, str]:
+    return {p.loc: p.msg for p in error.problems}
+
+
+def test_native_yaml_round_trip(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "trainer: grpo\nmodel: Qwen/Qwen3-0.6B\nargs:\n  per_device_train_batch_size: 4\n"
+        "data:\n  max_prompt_tokens: 300\ntarget:\n  backend: neuron\n  device: neuron\n  world_size: 4\n"
+    )
+    spec = load_spec(path)
+    assert spec.trainer == "grpo"
+    assert spec.target.world_size == 4
+    assert spec.data.max_prompt_tokens == 300
+    assert load_spec(spec.model_dump()).key() == spec.key()
+
+
+def test_same_spec_same_key_whatever_the_key_order():
+    a = load_spec(spec_dict(args={"max_length": 512, "per_device_train_batch_size": 2}))
+    b = load_spec(spec_dict(args={"per_device_train_batch_size": 2, "max_length": 512}))
+    assert a.key() == b.key()
+    assert a.key() != load_spec(spec_dict(args={"max_length": 256})).key()
+
+
+def test_unknown_trainer_suggests_the_close_one():
+    with pytest.raises(UnknownTrainerError) as error:
+        load_spec(spec_dict(trainer="stf"))
+    assert "did you mean 'sft'" in str(error.value)
+    assert error.value.problems[0].loc == "trainer"
+
+
+def test_unknown_top_level_field_suggests_spelling():
+    with pytest.raises(SpecError) as error:
+        load_spec({**spec_dict(), "tagret": {}})
+    assert problems(error.value) == {"tagret": "unknown field; did you mean 'target'?"}
+
+
+def test_target_backend_must_match_device():
+    with pytest.raises(SpecError) as error:
+        load_spec(spec_dict(target={"backend": "neuron", "device": "cuda"}))
+    assert "target" in problems(error.value)
+
+
+def test_data_facts_ranges_are_checked():
+    with pytest.raises(SpecError) as error:
+        load_spec(spec_dict(data={"min_tokens": 900, "max_tokens": 100}))
+    assert "min_tokens (900) is larger than max_tokens (100)" in str(error.value)
+
+
+def test_distillation_needs_a_teacher():
+    with pytest.raises(SpecError, match="teacher_model"):
+        load_spec(spec_dict(trainer="distillation"))
+
+
+def test_trl_cli_config_is_imported(tmp_path):
+    path = tmp_path / "sft.yaml"
+    path.write_text(
+        "model_name_or_path: Qwen/Qwen3-0.6B\ndtype: bfloat16\nattn_implementation: eager\n"
+        "dataset_name: trl-lib/Capybara\nuse_peft: true\nlora_r: 16\n"
+        "per_device_train_batch_size: 2\nmax_length: 2048\noutput_dir: out\nlogging_steps: 5\n"
+    )
+    spec = load_spec(path, trainer="sft", target={"backend": "neuron", "device": "neuron"})
+    assert spec.model == "Qwen/Qwen3-0.6B"
+    assert spec.peft == {"lora_r": 16}
+    assert spec.args["model_init_kwargs"] == {"dtype": "bfloat16", "attn_implementation": "eager"}
+    assert "dataset_name" not in spec.args
+    assert spec.args["max_length"] == 2048
+
+
+def test_trl_cli_config_without_trainer_is_an_error(tmp_path):
+    path = tmp_path / "sft.yaml"
+    path.write_text("model_name_or_path: m\nmax_length: 10\n")
+    with pytest.raises(SpecError, match="trainer"):
+        load_spec(path)
+
+
+def test_missing_file_and_bad_yaml_are_spec_errors(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_spec(tmp_path / "nope.yaml")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec("trainer: [sft\n model: x")
+
+
+# --- args against TRL's real config classes ----------------------------------------------------
+
+
+def test_unknown_arg_names_the_field_and_suggests():
+    with pytest.raises(SpecError) as error:
+        resolve_trainer_args(load_spec(spec_dict(args={"max_lenght": 512})))
+    assert problems(error.value) == {
+        "args.max_lenght": "unknown field for SFTConfig; did you mean 'max_length'?"
+    }
+
+
+def test_wrong_type_names_the_field():
+    with pytest.raises(SpecError) as error:
+        resolve_trainer_args(load_spec(spec_dict(args={"per_device_train_batch_size": "four"})))
+    assert list(problems(error.value)) == ["args.per_device_train_batch_size"]
+    assert "expected int" in str(error.value)
+
+
+def test_impossible_values_are_refused():
+    with pytest.raises(SpecError) as error:
+        resolve_trainer_args(load_spec(spec_dict(args={"per_device_train_batch_size": 0, "max_length": -5})))
+    assert set(problems(error.value)) == {"args.per_device_train_batch_size", "args.max_length"}
+
+
+def test_trl_rule_violations_are_reported_on_the_field():
+    spec = load_spec(spec_dict(trainer="grpo", args={"num_generations": 3, "per_device_train_batch_size": 4}))
+    with pytest.raises(SpecError) as error:
+        resolve_trainer_args(spec)
+    assert "divisible by num_generations" in str(error.value)
+    assert error.value.problems[0].loc == "args.num_generations"
+
+
+def test_non_shape_fields_are_accepted():
+    args = resolve_trainer_args(
+        load_spec(
+            spec_dict(args={"output_dir": "/somewhere", "logging_steps": 3, "save_steps": 7, "seed": 4})
+        )
+    )
+    assert args.max_length == 1024
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ({"backend": "neuron", "device": "neuron"}, 128),
+        ({"backend": "inductor", "device": "cuda"}, None),
+        ({"backend": "inductor", "device": "cpu"}, None),
+    ],
+)
+def test_pad_to_multiple_of_auto_resolves_per_target(target, expected):
+    assert resolve_trainer_args(load_spec(spec_dict(target=target))).pad_to_multiple_of == expected
+    explicit = load_spec(spec_dict(target=target, args={"pad_to_multiple_of": 64}))
+    assert resolve_trainer_args(explicit).pad_to_multiple_of == 64
+    cli_none = load_spec(spec_dict(target=target, args={"pad_to_multiple_of": "none"}))
+    assert resolve_trainer_args(cli_none).pad_to_multiple_of is None
+
+
+def test_use_cpu_makes_auto_resolve_to_no_padding_even_on_neuron():
+    spec = load_spec(spec_dict(args={"use_cpu": True}))
+    assert resolve_trainer_args(spec).pad_to_multiple_of is None
+
+
+def test_grpo_generation_batch_uses_the_target_world_size():
+    spec = load_spec(
+        spec_dict(
+            trainer="grpo",
+            args={"per_device_train_batch_size": 2, "num_generations": 4, "gradient_accumulation_steps": 2},
+            target={"backend": "neuron", "device": "neuron", "world_size": 4},
+        )
+    )
+    args = resolve_trainer_args(spec)
+    assert (args.steps_per_generation, args.generation_batch_size) == (2, 16)
+
+
+def test_grpo_generation_batch_not_divisible_by_global_batch():
+    spec = load_spec(
+        spec_dict(
+            trainer="grpo",
+            args={"per_device_train_batch_size": 2, "num_generations": 2, "generation_batch_size": 12},
+            target={"backend": "neuron", "device": "neuron", "world_size": 4},
+        )
+    )
+    with pytest.raises(SpecError) as error:
+        resolve_trainer_args(spec)
+    assert error.value.problems[0].loc == "args.generation_batch_size"
+
+
+def test_torch_compile_backend_must_match_target():
+    spec = load_spec(spec_dict(args={"torch_compile_backend": "inductor"}))
+    with pytest.raises(SpecError, match="does not match the target backend"):
+        resolve_trainer_args(spec)
