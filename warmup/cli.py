@@ -19,7 +19,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:

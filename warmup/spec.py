@@ -127,11 +127,11 @@ class DataFacts(_StrictModel):
             lo, hi = getattr(self, low), getattr(self, high)
             if lo is not None and hi is not None and lo > hi:
                 raise ValueError(f"{low} ({lo}) is larger than {high} ({hi})")
-        if self.max_prompt_tokens is not None and self.max_tokens is not None:
-            if self.max_prompt_tokens > self.max_tokens:
-                raise ValueError(
-                    f"max_prompt_tokens ({self.max_prompt_tokens}) is larger than max_tokens ({self.max_tokens})"
-                )
+        prompt, whole = self.max_prompt_tokens, self.max_tokens
+        if prompt is not None and whole is not None and prompt > whole:
+            raise ValueError(
+                f"max_prompt_tokens ({self.max_prompt_tokens}) is larger than max_tokens ({self.max_tokens})"
+            )
         return self
 
     @property
