@@ -1,0 +1,181 @@
+"""The pod side of pull: parallel download, sha256 checks, atomic install, refusing hostile manifests.
+
+Blobs are served by a real HTTP server in a thread; nothing of the project's own code is mocked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import os
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from warmup.client import HttpBlobSource, install
+from warmup.errors import BlobIntegrityError, UnsafeArtifactError
+from warmup.manifest import Manifest, ManifestFile, parse_manifest
+
+
+class BlobServer:
+    """Serves /blobs/<sha256> from a dict; `tamper` maps a sha to bytes served instead."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.tamper: dict[str, bytes] = {}
+        self.requests = 0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                server.requests += 1
+                sha = self.path.rsplit("/", 1)[-1]
+                body = server.tamper.get(sha, server.blobs.get(sha))
+                if body is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def add(self, data: bytes) -> str:
+        sha = hashlib.sha256(data).hexdigest()
+        self.blobs[sha] = data
+        return sha
+
+    def file(self, path: str, data: bytes) -> ManifestFile:
+        sha = self.add(data)
+        return ManifestFile(path=path, sha256=sha, size=len(data), url=f"{self.url}/blobs/{sha}")
+
+
+@pytest.fixture
+def server():
+    blob_server = BlobServer()
+    yield blob_server
+    blob_server.httpd.shutdown()
+
+
+@pytest.fixture
+def http_client():
+    with httpx.Client() as client:
+        yield client
+
+
+def manifest_of(files: list[ManifestFile]) -> Manifest:
+    return Manifest(
+        spec_key="s",
+        toolchain_key="t",
+        toolchain={},
+        backend="inductor",
+        signatures=["a"],
+        files=files,
+        env={"TORCHINDUCTOR_CACHE_DIR": "{cache_dir}"},
+    )
+
+
+def test_install_then_second_pull_downloads_nothing(server, http_client, tmp_path):
+    files = [server.file(f"fxgraph/ab/k{i}/entry", os.urandom(1000 + i)) for i in range(40)]
+    files.append(server.file("so/kernel.so", b"\x7fELF" + os.urandom(5000)))
+    manifest = manifest_of(files)
+    dest = tmp_path / "cache"
+
+    first = install(manifest, dest, HttpBlobSource(http_client, None), parallel=8)
+    assert (first.downloaded, first.skipped) == (41, 0)
+    for file in files:
+        assert hashlib.sha256((dest / file.path).read_bytes()).hexdigest() == file.sha256
+    assert first.env == {"TORCHINDUCTOR_CACHE_DIR": str(dest.resolve())}
+
+    requests_before = server.requests
+    second = install(manifest, dest, HttpBlobSource(http_client, None), parallel=8)
+    assert (second.downloaded, second.skipped) == (0, 41)
+    assert server.requests == requests_before
+
+
+def test_a_file_changed_on_disk_is_fetched_again(server, http_client, tmp_path):
+    file = server.file("a/b.bin", b"right content")
+    install(manifest_of([file]), tmp_path, HttpBlobSource(http_client, None))
+    (tmp_path / "a/b.bin").write_bytes(b"wrong content")
+    again = install(manifest_of([file]), tmp_path, HttpBlobSource(http_client, None))
+    assert again.downloaded == 1
+    assert (tmp_path / "a/b.bin").read_bytes() == b"right content"
+
+
+def test_corrupt_blob_is_refused_and_leaves_nothing(server, http_client, tmp_path):
+    good = server.file("good.bin", b"good")
+    bad = server.file("dir/bad.bin", b"the real bytes")
+    server.tamper[bad.sha256] = b"the fake bytes"  # same size, different content
+    with pytest.raises(BlobIntegrityError, match="sha256 mismatch"):
+        install(manifest_of([good, bad]), tmp_path, HttpBlobSource(http_client, None), parallel=1)
+    assert not (tmp_path / "dir/bad.bin").exists()
+    assert not list(tmp_path.rglob("*.tmp*"))
+    assert not (tmp_path / ".warmup-tmp").exists()
+
+
+def test_oversized_blob_is_refused(server, http_client, tmp_path):
+    file = server.file("x.bin", b"12345")
+    server.tamper[file.sha256] = b"1234567890"
+    with pytest.raises(BlobIntegrityError, match="larger than"):
+        install(manifest_of([file]), tmp_path, HttpBlobSource(http_client, None))
+    assert not (tmp_path / "x.bin").exists()
+
+
+@pytest.mark.parametrize(
+    "path", ["../escape", "/etc/passwd", "a/../../b", "a//b", "./a", "a\\b", "C:/x", "a/\x00b"]
+)
+def test_hostile_paths_are_refused_before_anything_is_written(server, path, tmp_path):
+    sha = server.add(b"payload")
+    data = manifest_of([]).model_dump()
+    data["files"] = [
+        {"path": "innocent.bin", "sha256": sha, "size": 7, "url": f"{server.url}/blobs/{sha}"},
+        {"path": path, "sha256": sha, "size": 7, "url": f"{server.url}/blobs/{sha}"},
+    ]
+    with pytest.raises(UnsafeArtifactError):
+        parse_manifest(data)
+    # Even a manifest that skipped validation is checked again by install.
+    hostile = manifest_of([])
+    object.__setattr__(
+        hostile, "files", [ManifestFile.model_construct(path=path, sha256=sha, size=7, url=None)]
+    )
+    with pytest.raises(UnsafeArtifactError):
+        install(hostile, tmp_path / "dest", HttpBlobSource(httpx.Client(), server.url))
+    assert not (tmp_path / "dest").exists()
+    assert server.requests == 0
+
+
+def test_symlink_inside_dest_is_refused(server, http_client, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "sub").symlink_to(outside)
+    file = server.file("sub/evil.bin", b"payload")
+    with pytest.raises(UnsafeArtifactError, match="symlink"):
+        install(manifest_of([file]), dest, HttpBlobSource(http_client, None))
+    assert list(outside.iterdir()) == []
+
+
+def test_same_path_twice_with_different_content_is_refused(server, http_client, tmp_path):
+    a, b = server.file("same", b"one"), server.file("same", b"two")
+    with pytest.raises(UnsafeArtifactError, match="twice"):
+        install(manifest_of([a, b]), tmp_path, HttpBlobSource(http_client, None))
+
+
+def test_missing_blob_fails_cleanly(server, http_client, tmp_path):
+    ghost = ManifestFile(path="ghost.bin", sha256="0" * 64, size=3, url=f"{server.url}/blobs/{'0' * 64}")
+    with pytest.raises(Exception, match="HTTP 404"):
+        install(manifest_of([ghost]), tmp_path, HttpBlobSource(http_client, None))
+    assert not Path(tmp_path / "ghost.bin").exists()

@@ -1,0 +1,106 @@
+"""The manifest: what a training pod installs for (spec, toolchain).
+
+The service builds it from the entries of the spec's signatures under the pod's toolchain; the pull
+client downloads its files, checks each sha256, and installs them under a local cache directory.
+It is also written into the bucket (after its blobs), so pods can pull when the API is down.
+
+This module is part of the pod-side client: pydantic only.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
+
+from warmup.errors import UnsafeArtifactError
+
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+_SHA256 = re.compile(SHA256_PATTERN)
+MAX_PATH_LENGTH = 1024
+# The placeholder in manifest environment values for the directory the cache is installed into.
+CACHE_DIR_PLACEHOLDER = "{cache_dir}"
+
+
+def check_relative_path(path: str) -> str:
+    """Return `path` if it is a safe relative POSIX path inside a directory, else raise UnsafeArtifactError.
+
+    Refused: absolute paths, `..` components, backslashes, empty or `.` components, NUL and control
+    characters, and over-long paths. Symlinks are refused where files are written (see client).
+    """
+    if not isinstance(path, str) or not path:
+        raise UnsafeArtifactError(f"artifact path {path!r} is empty")
+    if len(path) > MAX_PATH_LENGTH:
+        raise UnsafeArtifactError(f"artifact path is longer than {MAX_PATH_LENGTH} characters")
+    if any(ord(c) < 32 for c in path) or "\\" in path:
+        raise UnsafeArtifactError(f"artifact path {path!r} has a control character or a backslash")
+    if path.startswith("/") or re.match(r"^[A-Za-z]:", path):
+        raise UnsafeArtifactError(f"artifact path {path!r} is absolute")
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise UnsafeArtifactError(f"artifact path {path!r} has an empty, '.' or '..' component")
+    if posixpath.normpath(path) != path:
+        raise UnsafeArtifactError(f"artifact path {path!r} is not normalised")
+    return path
+
+
+class ManifestFile(BaseModel):
+    """One file to install: where it goes (relative to the cache dir), its content hash and size."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    size: NonNegativeInt
+    url: str | None = Field(None, description="Presigned GET URL; None: fetch from the API's blob route.")
+
+    @field_validator("path")
+    @classmethod
+    def _safe_path(cls, value: str) -> str:
+        try:
+            return check_relative_path(value)
+        except UnsafeArtifactError as error:
+            raise ValueError(str(error)) from None
+
+
+class Manifest(BaseModel):
+    """Everything a pod needs to hit the warmed cache of one spec under one toolchain."""
+
+    spec_key: str
+    toolchain_key: str
+    toolchain: dict[str, Any]
+    backend: str
+    signatures: list[str] = Field(description="Keys of the signatures whose entries are included.")
+    missing: list[str] = Field(default_factory=list, description="Planned signatures with no entry yet.")
+    files: list[ManifestFile]
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description=f"Environment for the training process; {CACHE_DIR_PLACEHOLDER} stands for the install dir.",
+    )
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def environment(self, cache_dir: str) -> dict[str, str]:
+        return {key: value.replace(CACHE_DIR_PLACEHOLDER, cache_dir) for key, value in self.env.items()}
+
+
+def is_sha256(value: str) -> bool:
+    return bool(_SHA256.match(value))
+
+
+def parse_manifest(data: Any) -> Manifest:
+    """Validate a manifest from the network or a bucket; a hostile path is an UnsafeArtifactError."""
+    from pydantic import ValidationError
+
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as error:
+        messages = [e["msg"].removeprefix("Value error, ") for e in error.errors(include_url=False)]
+        unsafe = [m for m in messages if m.startswith("artifact path")]
+        if unsafe:
+            raise UnsafeArtifactError(f"refusing manifest: {unsafe[0]}") from None
+        raise UnsafeArtifactError(f"refusing malformed manifest: {'; '.join(messages[:3])}") from None
