@@ -1,0 +1,123 @@
+"""Map the project's errors to HTTP answers: every error body is {"detail": {"error": code, "message": ...}}.
+
+Clients (warmup.client.api_error) turn the code back into the same WarmupError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from warmup.errors import (
+    AuthError,
+    ModelConfigError,
+    NotWarmedError,
+    PartlyWarmedError,
+    SpecError,
+    StoreError,
+    StoreUnreachableError,
+    ToolchainMismatchError,
+    UnsafeArtifactError,
+    WarmupError,
+)
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"detail": {"error": code, "message": message, **extra}}
+
+
+def _answer(error: WarmupError) -> tuple[int, dict[str, Any]]:
+    if isinstance(error, SpecError):
+        problems = [{"loc": p.loc, "msg": p.msg} for p in error.problems]
+        return 422, error_body("invalid_spec", str(error), problems=problems)
+    if isinstance(error, ModelConfigError):
+        return 422, error_body("invalid_spec", str(error), problems=[{"loc": "spec.model", "msg": str(error)}])
+    if isinstance(error, NotWarmedError):
+        return 404, error_body("not_warmed", str(error))
+    if isinstance(error, PartlyWarmedError):
+        return 409, error_body("partly_warmed", str(error), missing=error.missing)
+    if isinstance(error, ToolchainMismatchError):
+        differences = {k: [ours, theirs] for k, (ours, theirs) in error.differences.items()}
+        return 409, error_body("toolchain_mismatch", str(error), differences=differences)
+    if isinstance(error, AuthError):
+        return error.status or 401, error_body("unauthorized" if error.status != 403 else "forbidden", str(error))
+    if isinstance(error, UnsafeArtifactError):
+        return 422, error_body("unsafe_artifact", str(error))
+    if isinstance(error, StoreUnreachableError):
+        return 503, error_body("store_unreachable", str(error))
+    if isinstance(error, StoreError):
+        return 502, error_body("store_error", str(error))
+    return 400, error_body("bad_request", str(error))
+
+
+async def warmup_error_handler(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, WarmupError)
+    status, body = _answer(error)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def validation_error_handler(request: Request, error: Exception) -> JSONResponse:
+    """FastAPI's own request validation, in the same shape as a SpecError: field path and reason."""
+    assert isinstance(error, RequestValidationError)
+    problems = []
+    for item in error.errors():
+        loc = ".".join(str(part) for part in item["loc"] if part != "body")
+        problems.append({"loc": loc, "msg": str(item["msg"]).removeprefix("Value error, ")})
+    message = "invalid request: " + "; ".join(f"{p['loc']}: {p['msg']}" for p in problems)
+    return JSONResponse(error_body("invalid_spec", message, problems=problems), status_code=422)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(WarmupError, warmup_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+
+
+class BodySizeLimit:
+    """Answer 413 to request bodies over `limit` bytes, whether or not they declare Content-Length."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._too_large(send)
+            return
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await self._too_large(send)
+
+    async def _too_large(self, send: Send) -> None:
+        response = JSONResponse(
+            error_body("body_too_large", f"request body larger than {self.limit} bytes"), status_code=413
+        )
+        await response({"type": "http"}, _empty_receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _empty_receive() -> Message:
+    return {"type": "http.disconnect"}

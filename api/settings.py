@@ -1,0 +1,64 @@
+"""Service settings: one class, read from WARMUP_* environment variables or passed in, refusing unsafe values."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1"}
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(BaseSettings):
+    """Everything `create_app` needs. Defaults give the embedded setup under `data_dir`."""
+
+    model_config = SettingsConfigDict(env_prefix="WARMUP_", extra="forbid")
+
+    data_dir: Path = Field(Path("./data"), description="Embedded default: SQLite file and blob directory here.")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite under data_dir.")
+    store_url: str | None = Field(None, description="s3://bucket/prefix, or a directory; default under data_dir.")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    auth: Literal["required", "off", "auto"] = Field(
+        "auto", description="Bearer-token auth: 'auto' requires it unless the server listens on loopback only."
+    )
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies get 413.")
+    presign_expiry_s: int = Field(3600, ge=60, le=7 * 24 * 3600, description="Lifetime of presigned blob URLs.")
+    lease_s: float = Field(120.0, gt=0, description="Task lease; workers heartbeat well within it.")
+    max_signatures: int = Field(2048, ge=1, description="A spec planning more is refused.")
+    public_url: str | None = Field(None, description="Base URL pods use to reach this server's blob route.")
+
+    @model_validator(mode="after")
+    def _refuse_unsafe(self) -> Settings:
+        if self.auth == "off" and not is_loopback(self.host):
+            raise ValueError(
+                f"auth 'off' while listening on {self.host}: anyone on the network could submit work and read "
+                "caches; use auth 'required' (the default off loopback) or listen on 127.0.0.1"
+            )
+        return self
+
+    @property
+    def auth_required(self) -> bool:
+        if self.auth == "auto":
+            return not is_loopback(self.host)
+        return self.auth == "required"
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'warmup.db').resolve()}"
+
+    @property
+    def resolved_store_url(self) -> str:
+        return self.store_url or str((self.data_dir / "blobs").resolve())
