@@ -76,13 +76,16 @@ def run_trainer(
         tokenizer,
     )
     recorder = ShapeRecorder()
-    recorder.attach(trainer.model)
     if kind == "distillation":
-        # The student and the teacher are called through their backbones (`_get_last_hidden_state`).
+        # The student and the teacher run their backbones only (`_get_last_hidden_state`), and their top-level
+        # modules are called with a redirected forward (`_forward_redirection`, no input_ids); the student's
+        # backbone also sees every forward of `generate`.
         recorder.attach(trainer.model.base_model)
         recorder.attach(trainer.teacher_model.base_model, role="teacher")
-    elif trainer.ref_model is not None:
-        recorder.attach(trainer.ref_model, role="ref")
+    else:
+        recorder.attach(trainer.model)
+        if trainer.ref_model is not None:
+            recorder.attach(trainer.ref_model, role="ref")
     CompletionScript(length_of, tokenizer.eos_token_id, tokenizer.pad_token_id).attach(trainer.model)
     trainer.train()
     return recorder.seen
