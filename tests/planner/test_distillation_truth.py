@@ -42,7 +42,13 @@ def random_prompts(seed: int, count: int) -> list:
 
 
 def test_student_teacher_and_eval_are_covered(student_dir, teacher_dir, tmp_path):
-    args = {**BASE, "eval_strategy": "steps", "eval_steps": 2, "per_device_eval_batch_size": 2, "max_steps": 4}
+    args = {
+        **BASE,
+        "eval_strategy": "steps",
+        "eval_steps": 2,
+        "per_device_eval_batch_size": 2,
+        "max_steps": 4,
+    }
     evals = random_prompts(2, 3)  # eval batches of 2 and 1 prompts
     seen = run_trainer(
         "distillation", student_dir, tmp_path, args, random_prompts(1, 16), evals, teacher_dir=teacher_dir

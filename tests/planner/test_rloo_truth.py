@@ -37,7 +37,13 @@ def random_prompts(seed: int, count: int) -> list:
 
 
 def test_defaults_with_eval_are_covered(model_dir, tmp_path):
-    args = {**BASE, "eval_strategy": "steps", "eval_steps": 2, "per_device_eval_batch_size": 4, "max_steps": 4}
+    args = {
+        **BASE,
+        "eval_strategy": "steps",
+        "eval_steps": 2,
+        "per_device_eval_batch_size": 4,
+        "max_steps": 4,
+    }
     seen = run_trainer("rloo", model_dir, tmp_path, args, random_prompts(1, 16), random_prompts(2, 3))
     plan = planned("rloo", model_dir, args, {**FACTS, "num_eval_examples": 3})
     assert seen <= plan, f"shapes TRL produced that the plan missed: {sorted(seen - plan)}"
