@@ -62,17 +62,20 @@ class Rollouts:
 
 def plan_grpo(plan: PlanBuilder) -> None:
     args = plan.args
-    # grpo_trainer.py `_generate_and_score_completions`: old log-probs only when the generated batch can be
-    # used after an optimizer step (or to correct vLLM's sampling).
+    # grpo_trainer.py `_generate_and_score_completions`: old log-probs only when a generated batch outlives an
+    # optimizer step, GA % (steps_per_generation x num_iterations) != 0, or to correct vLLM's sampling.
     generate_every = args.steps_per_generation * args.num_iterations
     old_logps = args.gradient_accumulation_steps % generate_every != 0 or bool(
         args.use_vllm and args.vllm_importance_sampling_correction
     )
-    forward = {
+    forward: dict[str, SettingValue] = {
         "temperature": args.temperature,
         "cast_lm_head_to_fp32": bool(args.cast_lm_head_to_fp32),
     }
-    loss = {"loss_type": args.loss_type, "importance_sampling_level": args.importance_sampling_level}
+    loss: dict[str, SettingValue] = {
+        "loss_type": args.loss_type,
+        "importance_sampling_level": args.importance_sampling_level,
+    }
     _warn_tools(plan)
     _plan_policy_optimization(plan, forward=forward, loss=loss, old_logps=old_logps)
 
@@ -237,8 +240,8 @@ def _static_cache_generation(
         )
     if plan.weight_dtype == "float32" and plan.args.autocast:
         plan.warn(
-            "static cache with float32 weights under bf16/fp16 autocast: keys (upcast by the q/k norm) and "
-            "values end up in different dtypes in the cache on Neuron; load the model in bfloat16 "
+            "static cache with float32 weights under bf16/fp16 autocast: the cached keys come out float32 and "
+            "the values half precision, which the Neuron static cache does not take; load the model in bfloat16 "
             "(model_init_kwargs: {dtype: bfloat16})"
         )
 
