@@ -240,8 +240,8 @@ def _static_cache_generation(
         )
     if plan.weight_dtype == "float32" and plan.args.autocast:
         plan.warn(
-            "static cache with float32 weights under bf16/fp16 autocast: the cached keys come out float32 and "
-            "the values half precision, which the Neuron static cache does not take; load the model in bfloat16 "
+            "static cache with float32 weights under bf16/fp16 autocast: keys and values reach the cache in "
+            "different dtypes (float32 keys, half-precision values); load the model in bfloat16 "
             "(model_init_kwargs: {dtype: bfloat16})"
         )
 
