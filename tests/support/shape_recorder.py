@@ -25,7 +25,8 @@ class ShapeRecorder:
             if input_ids is None:
                 input_ids = kwargs.get("inputs_embeds")
             batch, seq_len = int(input_ids.shape[0]), int(input_ids.shape[1])
-            cache = kwargs.get("past_key_values")
+            # transformers 5.24 passes the KV cache as `cache` (older versions: `past_key_values`).
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
             cache_len = None
             if cache is not None:
                 cache_len = _static_cache_len(cache)
@@ -47,7 +48,7 @@ def _static_cache_len(cache) -> int | None:
     from transformers import StaticCache
 
     if isinstance(cache, StaticCache):
-        return int(cache.get_max_cache_shape())
+        return int(cache.get_max_length())
     return None
 
 

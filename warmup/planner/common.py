@@ -77,6 +77,17 @@ def full_batch_reachable(num_examples: int | None, batch: int, world_size: int) 
     return num_examples >= batch
 
 
+def evaluates(plan: PlanBuilder) -> bool:
+    """Whether the job runs evaluation at all (eval_strategy or eval_on_start), with eval data to run on."""
+    strategy = str(getattr(plan.args.eval_strategy, "value", plan.args.eval_strategy))
+    if strategy == "no" and not plan.args.eval_on_start:
+        return False
+    if plan.data.num_eval_examples == 0:
+        plan.warn("evaluation is configured but data.num_eval_examples is 0: no eval shapes are listed")
+        return False
+    return True
+
+
 def graph_hash(settings: Any) -> str:
     canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
@@ -119,6 +130,13 @@ class PlanBuilder:
             return "eager"
         return f"inductor:{self.args.compile_mode}" if self.args.compile_mode else "inductor"
 
+    def _compile_label_for(self, phase: Phase) -> str:
+        # TRL generates with `disable_compile=True` and calls the unwrapped module, so under Inductor the
+        # forwards inside `generate` run eager even with torch_compile on; TorchNeuron compiles them all the same.
+        if phase.startswith("generate_") and self.spec.target.backend == "inductor":
+            return "eager"
+        return self.compile_label
+
     def warn(self, message: str) -> None:
         if message not in self.warnings:
             self.warnings.append(message)
@@ -150,7 +168,7 @@ class PlanBuilder:
             autocast=self.args.autocast,
             gradient_checkpointing=gradient_checkpointing,
             frozen=graph_hash(self.spec.peft) if self.spec.peft else None,
-            compile=self.compile_label,
+            compile=self._compile_label_for(phase),
             world_size=self.world_size,
             settings=settings or {},
         )
