@@ -35,7 +35,9 @@ def _answer(error: WarmupError) -> tuple[int, dict[str, Any]]:
         problems = [{"loc": p.loc, "msg": p.msg} for p in error.problems]
         return 422, error_body("invalid_spec", str(error), problems=problems)
     if isinstance(error, ModelConfigError):
-        return 422, error_body("invalid_spec", str(error), problems=[{"loc": "spec.model", "msg": str(error)}])
+        return 422, error_body(
+            "invalid_spec", str(error), problems=[{"loc": "spec.model", "msg": str(error)}]
+        )
     if isinstance(error, NotWarmedError):
         return 404, error_body("not_warmed", str(error))
     if isinstance(error, PartlyWarmedError):
@@ -44,7 +46,9 @@ def _answer(error: WarmupError) -> tuple[int, dict[str, Any]]:
         differences = {k: [ours, theirs] for k, (ours, theirs) in error.differences.items()}
         return 409, error_body("toolchain_mismatch", str(error), differences=differences)
     if isinstance(error, AuthError):
-        return error.status or 401, error_body("unauthorized" if error.status != 403 else "forbidden", str(error))
+        return error.status or 401, error_body(
+            "unauthorized" if error.status != 403 else "forbidden", str(error)
+        )
     if isinstance(error, UnsafeArtifactError):
         return 422, error_body("unsafe_artifact", str(error))
     if isinstance(error, StoreUnreachableError):

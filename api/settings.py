@@ -26,16 +26,23 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="WARMUP_", extra="forbid")
 
-    data_dir: Path = Field(Path("./data"), description="Embedded default: SQLite file and blob directory here.")
+    data_dir: Path = Field(
+        Path("./data"), description="Embedded default: SQLite file and blob directory here."
+    )
     database_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite under data_dir.")
-    store_url: str | None = Field(None, description="s3://bucket/prefix, or a directory; default under data_dir.")
+    store_url: str | None = Field(
+        None, description="s3://bucket/prefix, or a directory; default under data_dir."
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     auth: Literal["required", "off", "auto"] = Field(
-        "auto", description="Bearer-token auth: 'auto' requires it unless the server listens on loopback only."
+        "auto",
+        description="Bearer-token auth: 'auto' requires it unless the server listens on loopback only.",
     )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies get 413.")
-    presign_expiry_s: int = Field(3600, ge=60, le=7 * 24 * 3600, description="Lifetime of presigned blob URLs.")
+    presign_expiry_s: int = Field(
+        3600, ge=60, le=7 * 24 * 3600, description="Lifetime of presigned blob URLs."
+    )
     lease_s: float = Field(120.0, gt=0, description="Task lease; workers heartbeat well within it.")
     max_signatures: int = Field(2048, ge=1, description="A spec planning more is refused.")
     public_url: str | None = Field(None, description="Base URL pods use to reach this server's blob route.")

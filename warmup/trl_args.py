@@ -125,6 +125,10 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         # derive it for the target and hand TRL the result so its own checks see the target's value.
         generation = _generation_batch(given, fields, spec.target.world_size)
         kwargs["generation_batch_size"], kwargs["steps_per_generation"] = generation[1], None
+        # TRL checks the *global* eval batch against num_generations_eval; built here on one process,
+        # hand it the global size and restore the per-device value afterwards.
+        eval_batch = given.get("per_device_eval_batch_size", fields["per_device_eval_batch_size"].default)
+        kwargs["per_device_eval_batch_size"] = eval_batch * spec.target.world_size
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -133,6 +137,7 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         raise SpecError([FieldProblem(_field_named_in(str(error), given), str(error))]) from None
     if generation is not None:
         config.steps_per_generation, config.generation_batch_size = generation
+        config.per_device_eval_batch_size = eval_batch
 
     bf16 = given.get("bf16")
     fp16 = bool(given.get("fp16", False))

@@ -194,3 +194,21 @@ def test_torch_compile_backend_must_match_target():
     spec = load_spec(spec_dict(args={"torch_compile_backend": "inductor"}))
     with pytest.raises(SpecError, match="does not match the target backend"):
         resolve_trainer_args(spec)
+
+
+def test_grpo_eval_batch_is_checked_globally_for_the_target_world_size():
+    args = {
+        "per_device_train_batch_size": 2,
+        "num_generations": 4,
+        "per_device_eval_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+    }
+    one = load_spec(spec_dict(trainer="grpo", args=args))
+    with pytest.raises(SpecError, match="global eval batch size"):
+        resolve_trainer_args(one)
+    two = load_spec(
+        spec_dict(
+            trainer="grpo", args=args, target={"backend": "neuron", "device": "neuron", "world_size": 2}
+        )
+    )
+    assert resolve_trainer_args(two).per_device_eval_batch_size == 2

@@ -97,7 +97,8 @@ def _recompile_limit_warning(plan: PlanBuilder) -> None:
         return
     per_model: dict[str, int] = {}
     for signature in plan.signatures.values():
-        if signature.compile != "eager":
+        # Generation never goes through Dynamo (TRL passes disable_compile=True).
+        if signature.compile != "eager" and not signature.phase.startswith("generate_"):
             per_model[signature.model] = per_model.get(signature.model, 0) + 1
     most = max(per_model.values(), default=0)
     if most > DYNAMO_DEFAULT_RECOMPILE_LIMIT:
