@@ -16,8 +16,8 @@ class ShapeRecorder:
     seen: set[Shape] = field(default_factory=set)
     calls: int = 0
 
-    def attach(self, model, role: str = "policy") -> None:
-        """Record forwards of `model`; role is policy, ref or teacher."""
+    def attach(self, model, role: str = "policy"):
+        """Record forwards of `model`; role is policy, ref or teacher. Returns the hook's removable handle."""
         import torch
 
         def hook(module, args, kwargs):
@@ -39,7 +39,7 @@ class ShapeRecorder:
             self.seen.add((phase, batch, seq_len, cache_len))
             self.calls += 1
 
-        model.register_forward_pre_hook(hook, with_kwargs=True)
+        return model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _static_cache_len(cache) -> int | None:

@@ -77,6 +77,17 @@ def full_batch_reachable(num_examples: int | None, batch: int, world_size: int) 
     return num_examples >= batch
 
 
+def evaluates(plan: PlanBuilder) -> bool:
+    """Whether the job calls evaluate(): an eval strategy (or eval_on_start) and an eval split that is not empty."""
+    strategy = str(getattr(plan.args.eval_strategy, "value", plan.args.eval_strategy))
+    if strategy == "no" and not plan.args.eval_on_start:
+        return False
+    if plan.data.num_eval_examples == 0:
+        plan.warn("evaluation is configured but data.num_eval_examples is 0: no eval shapes are listed")
+        return False
+    return True
+
+
 def graph_hash(settings: Any) -> str:
     canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
