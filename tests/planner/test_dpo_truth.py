@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tests.support.preference_runs import batches, pair, phases, plan_for, run_trainer
 
 
@@ -94,3 +96,42 @@ def test_plan_lists_only_reachable_shapes(tiny_model_dir, tmp_path):
     seen = run_trainer("dpo", tiny_model_dir, tmp_path, args, short, short[:3])
     seen |= run_trainer("dpo", tiny_model_dir, tmp_path, args, long, long[:3])
     assert seen == planned
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precompute", [True, False])
+def test_under_torch_compile_the_plan_is_what_compiles(tiny_model_dir, tmp_path, precompute):
+    """The Trainer compiles the policy when training starts and the reference copy at init; precompute
+    runs earlier, on the bare policy, so it compiles nothing and an Inductor plan leaves it out.
+
+    Dynamo's eager backend traces the same modules Inductor would, at a fraction of the cost.
+    """
+    args = {
+        "per_device_train_batch_size": 2,
+        "per_device_eval_batch_size": 3,
+        "precompute_ref_log_probs": precompute,
+        "max_length": 64,
+        "pad_to_multiple_of": 16,
+        "eval_strategy": "epoch",
+        "num_train_epochs": 1,
+        "torch_compile": True,
+    }
+    rng = random.Random(3)
+    train, evals = random_pairs(rng, 5, 17, 32), random_pairs(rng, 4, 17, 32)  # every row pads to 32
+    compiled = run_trainer(
+        "dpo",
+        tiny_model_dir,
+        tmp_path,
+        {**args, "torch_compile_backend": "eager"},
+        train,
+        evals,
+        compiled_only=True,
+    )
+    planned = plan_for(
+        "dpo",
+        tiny_model_dir,
+        args,
+        {"num_train_examples": 5, "num_eval_examples": 4, "min_tokens": 17, "max_tokens": 32},
+    )
+    assert compiled == planned
+    assert ("ref" in phases(planned)) is not precompute

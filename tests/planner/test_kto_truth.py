@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tests.support.preference_runs import batches, phases, plan_for, run_trainer, unpaired
 
 
@@ -132,3 +134,46 @@ def test_plan_lists_only_reachable_shapes(tiny_model_dir, tmp_path):
         "kto", tiny_model_dir, tmp_path, args, kl_48 + kl_32 + long_single, kl_64 + kl_16 + long_single
     )
     assert seen == planned
+
+
+@pytest.mark.slow
+def test_under_torch_compile_the_plan_is_what_compiles(tiny_model_dir, tmp_path):
+    """The wrapped policy (main and KL forwards) and the reference copy compile; evaluate() calls the
+    bare policy, which runs eagerly, so an Inductor plan lists no eval signature."""
+    args = {
+        "per_device_train_batch_size": 2,
+        "per_device_eval_batch_size": 3,
+        "max_length": 64,
+        "pad_to_multiple_of": 16,
+        "eval_strategy": "epoch",
+        "num_train_epochs": 1,
+        "torch_compile": True,
+    }
+    rng = random.Random(4)
+
+    def examples(count: int) -> list[dict]:  # main and KL rows of 19..31 tokens: all pad to 32
+        return [
+            unpaired(rng.randint(13, 14), rng.randint(20, 30), label=rng.random() < 0.5) for _ in range(count)
+        ]
+
+    facts = {
+        "num_train_examples": 4,
+        "num_eval_examples": 3,
+        "min_tokens": 20,
+        "max_tokens": 30,
+        "min_prompt_tokens": 13,
+        "max_prompt_tokens": 14,
+    }
+    compiled = run_trainer(
+        "kto",
+        tiny_model_dir,
+        tmp_path,
+        {**args, "torch_compile_backend": "eager"},  # Dynamo's eager backend: same modules, cheap compiles
+        examples(4),
+        examples(3),
+        compiled_only=True,
+    )
+    planned = plan_for("kto", tiny_model_dir, args, facts)
+    assert compiled == planned
+    assert phases(planned) == {"train", "old_logps", "ref"}
+    assert batches(planned, "ref") == {2, 3}  # 3: the eval loop's reference forwards compile

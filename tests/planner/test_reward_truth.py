@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tests.support.preference_runs import batches, pair, phases, plan_for, run_trainer
 
 
@@ -70,3 +72,32 @@ def test_plan_lists_only_reachable_shapes(tiny_reward_model_dir, tmp_path):
     seen |= run_trainer("reward", tiny_reward_model_dir, tmp_path, args, long, long[:3])
     assert seen == planned
     assert batches(planned, "train") == {4, 2}  # chosen + rejected rows
+
+
+@pytest.mark.slow
+def test_under_torch_compile_only_training_compiles(tiny_reward_model_dir, tmp_path):
+    """evaluate() calls the bare model, which runs eagerly: an Inductor plan lists training only."""
+    args = {
+        "per_device_train_batch_size": 2,
+        "per_device_eval_batch_size": 3,
+        "max_length": 64,
+        "pad_to_multiple_of": 16,
+        "eval_strategy": "epoch",
+        "num_train_epochs": 1,
+        "torch_compile": True,
+    }
+    rng = random.Random(5)
+    train = [pair(rng.randint(1, 10), rng.randint(17, 32), rng.randint(17, 32)) for _ in range(5)]
+    evals = [pair(rng.randint(1, 10), rng.randint(17, 32), rng.randint(17, 32)) for _ in range(4)]
+    compiled = run_trainer(
+        "reward",
+        tiny_reward_model_dir,
+        tmp_path,
+        {**args, "torch_compile_backend": "eager"},  # Dynamo's eager backend: same modules, cheap compiles
+        train,
+        evals,
+        compiled_only=True,
+    )
+    facts = {"num_train_examples": 5, "num_eval_examples": 4, "min_tokens": 17, "max_tokens": 32}
+    planned = plan_for("reward", tiny_reward_model_dir, args, facts)
+    assert compiled == planned == {("train", 4, 32, None), ("train", 2, 32, None)}

@@ -6,6 +6,8 @@ Examples are given by token counts: a row is prompt + completion, the completion
 
 from __future__ import annotations
 
+import contextlib
+
 from tests.support.shape_recorder import Shape, ShapeRecorder, planned_shapes
 from tests.support.tiny_model import init_model, words
 
@@ -40,12 +42,20 @@ def unpaired(prompt: int, row: int, label: bool = True) -> dict:
 
 
 def run_trainer(
-    kind: str, model_dir, tmp_path, args: dict, train: list[dict], evals: list[dict] | None = None
+    kind: str,
+    model_dir,
+    tmp_path,
+    args: dict,
+    train: list[dict],
+    evals: list[dict] | None = None,
+    *,
+    compiled_only: bool = False,
 ):
     """Train (and evaluate, as args say) with TRL's real trainer; return every recorded forward shape.
 
     Reference forwards are recorded as "ref": those of the separate reference model, and those made
-    on the policy while the trainer is built (precompute_ref_log_probs runs there).
+    on the policy while the trainer is built (precompute_ref_log_probs runs there). With
+    `compiled_only`, only the forwards torch.compile traces are recorded.
     """
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -62,7 +72,7 @@ def run_trainer(
     if kind != "reward" and not config.precompute_ref_log_probs:
         # TRL would load this copy from the policy's checkpoint; the test models have no weights on disk.
         extra["ref_model"] = init_model(model_dir, seed=1)
-    recorder = ShapeRecorder()
+    recorder = ShapeRecorder(compiled_only=compiled_only)
     while_building = recorder.attach(policy, "ref")
     trainer = trainer_class(
         model=policy,
@@ -74,10 +84,25 @@ def run_trainer(
     )
     while_building.remove()
     recorder.attach(trainer.model)
-    if getattr(trainer, "ref_model", None) is not None:
-        recorder.attach(trainer.ref_model, "ref")
-    trainer.train()
+    reference = getattr(trainer, "ref_model", None)
+    if reference is not None:
+        # Under torch.compile accelerate hands back an OptimizedModule: hook the module Dynamo traces.
+        recorder.attach(getattr(reference, "_orig_mod", reference), "ref")
+    with _one_graph_per_shape() if compiled_only else contextlib.nullcontext():
+        trainer.train()
     return recorder.seen
+
+
+def _one_graph_per_shape():
+    """Dynamo settings under which every new shape is traced again, so the hooks see it.
+
+    Automatic dynamic shapes would fold a second shape into a symbolic graph without tracing (and
+    recording) it; Neuron compiles with dynamic=False anyway. Graphs of earlier runs are dropped.
+    """
+    import torch
+
+    torch._dynamo.reset()
+    return torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
 
 
 def plan_for(kind: str, model_dir, args: dict, data: dict, **target) -> set[Shape]:

@@ -31,9 +31,14 @@ copy of the policy (same checkpoint, dtype and attention), so it compiles to the
 any copy; what tells reference graphs apart is the phase and `settings["reference"]`:
 "ref_model" (the separate copy, eval mode, log-probs only), "policy" (precompute on the policy
 itself before training) or "policy_adapter_disabled" (PEFT: the policy with its adapter off,
-in the mode of the loop that calls it). Under torch.compile on Inductor the Trainer compiles the
-module it wraps (and the separate reference model), but precompute and the PEFT reference call
-the unwrapped policy, which runs eagerly: those passes compile nothing and are not listed.
+in the mode of the loop that calls it).
+
+What compiles under torch.compile on Inductor: only the modules accelerate prepared, which are the
+policy as the Trainer wraps it when training starts and the separate reference copy (prepared at
+init). The bare policy runs eagerly wherever it is called: precompute (in __init__, before the
+policy is wrapped), the PEFT reference (TRL calls `self.model`) and evaluation (transformers 5.24's
+evaluation_loop uses `self.model` once a model is prepared). Those passes compile nothing there and
+are not listed; on Neuron every pass compiles, eager ops included.
 """
 
 from __future__ import annotations
@@ -102,7 +107,8 @@ def plan_dpo(plan: PlanBuilder) -> None:
         return
     eval_batch = args.per_device_eval_batch_size
     for examples in _batch_sizes(plan, eval_batch, "eval", drop_last=args.dataloader_drop_last):
-        plan.add_many("eval", [2 * examples], lengths(examples), settings=policy)
+        if _bare_policy_compiles(plan):
+            plan.add_many("eval", [2 * examples], lengths(examples), settings=policy)
         if not precompute:
             reference.add([2 * examples], lengths(examples), training=False)
     if precompute:
@@ -187,7 +193,7 @@ def plan_kto(plan: PlanBuilder) -> None:
             if split == "train":
                 plan.add_many("train", [rows], main_len, settings=main)
                 plan.add_many("old_logps", [rows], kl_len, settings=kl_settings)
-            else:
+            elif _bare_policy_compiles(plan):
                 plan.add_many("eval", [rows], main_len, settings=main)
                 plan.add_many("eval", [rows], kl_len, settings=kl_settings)
             if not args.precompute_ref_log_probs:
@@ -267,7 +273,7 @@ def plan_reward(plan: PlanBuilder) -> None:
         ("train", args.per_device_train_batch_size),
         ("eval", args.per_device_eval_batch_size),
     ):
-        if split == "eval" and not evaluates(plan):
+        if split == "eval" and not (evaluates(plan) and _bare_policy_compiles(plan)):
             return
         for examples in _batch_sizes(plan, batch, split, drop_last=args.dataloader_drop_last):
             plan.add_many(split, [2 * examples], _lengths(plan, 2 * examples, longest), settings=settings)
@@ -284,8 +290,6 @@ class _Reference:
         self.peft = plan.spec.peft is not None
         # What the policy's fused LM head returns, when the policy itself computes the reference.
         self.policy_outputs = policy_outputs
-        # Inductor compiles only the modules the Trainer wraps; TRL calls the bare policy for these.
-        self.bare_policy_compiles = not (plan.spec.target.backend == "inductor" and plan.args.compile_backend)
 
     def add(self, batches: list[int], lengths: list[int], *, training: bool) -> None:
         """The per-step reference forward, in the training loop or in evaluate()."""
@@ -302,10 +306,19 @@ class _Reference:
         self._add_on_policy(batches, lengths, "policy_adapter_disabled" if self.peft else "policy", False)
 
     def _add_on_policy(self, batches: list[int], lengths: list[int], reference: str, training: bool) -> None:
-        if not self.bare_policy_compiles:
+        if not _bare_policy_compiles(self.plan):
             return
         settings: Settings = {"reference": reference, "training": training, **self.policy_outputs}
         self.plan.add_many("ref", batches, lengths, settings=settings)
+
+
+def _bare_policy_compiles(plan: PlanBuilder) -> bool:
+    """Whether a forward of the policy itself, not of the module the Trainer wraps, compiles.
+
+    Under Inductor torch.compile wraps the policy when training starts; precompute, the PEFT
+    reference and the evaluation loop call the bare module, which runs eagerly.
+    """
+    return not (plan.spec.target.backend == "inductor" and plan.args.compile_backend)
 
 
 def _common_settings(plan: PlanBuilder) -> Settings:
