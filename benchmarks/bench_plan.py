@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.tiny_model import write_tiny_model  # noqa: E402
-from warmup.model_facts import read_model_facts  # noqa: E402
-from warmup.planner import plan  # noqa: E402
-from warmup.spec import load_spec  # noqa: E402
-from warmup.trl_args import resolve_trainer_args  # noqa: E402
+from tests.support.tiny_model import write_tiny_model
+from warmup.model_facts import read_model_facts
+from warmup.planner import plan
+from warmup.spec import load_spec
+from warmup.trl_args import resolve_trainer_args
 
 BUDGET_S = 0.050
 RUNS = 200

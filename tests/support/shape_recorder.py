@@ -15,12 +15,16 @@ Shape = tuple[str, int, int, int | None]
 class ShapeRecorder:
     seen: set[Shape] = field(default_factory=set)
     calls: int = 0
+    # Record only forwards that torch.compile traces (the hook runs inside Dynamo's trace), not eager ones.
+    compiled_only: bool = False
 
-    def attach(self, model, role: str = "policy") -> None:
-        """Record forwards of `model`; role is policy, ref or teacher."""
+    def attach(self, model, role: str = "policy"):
+        """Record forwards of `model`; role is policy, ref or teacher. Returns the hook's removable handle."""
         import torch
 
         def hook(module, args, kwargs):
+            if self.compiled_only and not torch.compiler.is_compiling():
+                return
             input_ids = kwargs.get("input_ids", args[0] if args else None)
             if input_ids is None:
                 input_ids = kwargs.get("inputs_embeds")
@@ -40,7 +44,7 @@ class ShapeRecorder:
             self.seen.add((phase, batch, seq_len, cache_len))
             self.calls += 1
 
-        model.register_forward_pre_hook(hook, with_kwargs=True)
+        return model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _static_cache_len(cache) -> int | None:

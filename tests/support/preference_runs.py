@@ -1,0 +1,130 @@
+"""Run TRL's preference trainers (DPO, KTO, Reward) on tiny models and record every model forward.
+
+Examples are given by token counts: a row is prompt + completion, the completion ending with EOS
+(as TRL would append it), so the row lengths TRL sees are exactly the numbers written in the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from tests.support.shape_recorder import Shape, ShapeRecorder, planned_shapes
+from tests.support.tiny_model import init_model, words
+
+CPU_ARGS = {
+    "use_cpu": True,
+    "bf16": False,
+    "report_to": "none",
+    "save_strategy": "no",
+    "logging_strategy": "no",
+    "disable_tqdm": True,
+}
+
+
+def _completion(tokens: int, offset: int) -> str:
+    """A completion of exactly `tokens` tokens, the last one EOS (so TRL appends nothing)."""
+    assert tokens >= 1, "a completion has at least its EOS"
+    return " " + words(tokens - 1, offset) + " <eos>"
+
+
+def pair(prompt: int, chosen_row: int, rejected_row: int) -> dict:
+    """A preference example whose rows (prompt + chosen, prompt + rejected) have these token counts."""
+    return {
+        "prompt": words(prompt),
+        "chosen": _completion(chosen_row - prompt, 50),
+        "rejected": _completion(rejected_row - prompt, 90),
+    }
+
+
+def unpaired(prompt: int, row: int, label: bool = True) -> dict:
+    """A KTO example whose row (prompt + completion) has `row` tokens."""
+    return {"prompt": words(prompt), "completion": _completion(row - prompt, 70), "label": label}
+
+
+def run_trainer(
+    kind: str,
+    model_dir,
+    tmp_path,
+    args: dict,
+    train: list[dict],
+    evals: list[dict] | None = None,
+    *,
+    compiled_only: bool = False,
+):
+    """Train (and evaluate, as args say) with TRL's real trainer; return every recorded forward shape.
+
+    Reference forwards are recorded as "ref": those of the separate reference model, and those made
+    on the policy while the trainer is built (precompute_ref_log_probs runs there). With
+    `compiled_only`, only the forwards torch.compile traces are recorded.
+    """
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer, RewardConfig, RewardTrainer
+
+    config_class, trainer_class = {
+        "dpo": (DPOConfig, DPOTrainer),
+        "kto": (KTOConfig, KTOTrainer),
+        "reward": (RewardConfig, RewardTrainer),
+    }[kind]
+    config = config_class(output_dir=str(tmp_path / "out"), **CPU_ARGS, **args)
+    policy = init_model(model_dir)
+    extra = {}
+    if kind != "reward" and not config.precompute_ref_log_probs:
+        # TRL would load this copy from the policy's checkpoint; the test models have no weights on disk.
+        extra["ref_model"] = init_model(model_dir, seed=1)
+    recorder = ShapeRecorder(compiled_only=compiled_only)
+    while_building = recorder.attach(policy, "ref")
+    trainer = trainer_class(
+        model=policy,
+        args=config,
+        train_dataset=Dataset.from_list(train),
+        eval_dataset=Dataset.from_list(evals) if evals else None,
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        **extra,
+    )
+    while_building.remove()
+    recorder.attach(trainer.model)
+    reference = getattr(trainer, "ref_model", None)
+    if reference is not None:
+        # Under torch.compile accelerate hands back an OptimizedModule: hook the module Dynamo traces.
+        recorder.attach(getattr(reference, "_orig_mod", reference), "ref")
+    with _one_graph_per_shape() if compiled_only else contextlib.nullcontext():
+        trainer.train()
+    return recorder.seen
+
+
+def _one_graph_per_shape():
+    """Dynamo settings under which every new shape is traced again, so the hooks see it.
+
+    Automatic dynamic shapes would fold a second shape into a symbolic graph without tracing (and
+    recording) it; Neuron compiles with dynamic=False anyway. Graphs of earlier runs are dropped.
+    """
+    import torch
+
+    torch._dynamo.reset()
+    return torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
+
+
+def plan_for(kind: str, model_dir, args: dict, data: dict, **target) -> set[Shape]:
+    """The planner's shapes for the same job (Inductor on CPU, eager: every forward is listed)."""
+    from warmup.planner import plan_spec
+    from warmup.spec import load_spec
+
+    spec = load_spec(
+        {
+            "trainer": kind,
+            "model": str(model_dir),
+            "args": {**args, "bf16": False},
+            "data": data,
+            "target": {"backend": "inductor", "device": "cpu", **target},
+        }
+    )
+    return planned_shapes(plan_spec(spec))
+
+
+def phases(shapes: set[Shape]) -> set[str]:
+    return {phase for phase, *_ in shapes}
+
+
+def batches(shapes: set[Shape], phase: str) -> set[int]:
+    return {batch for p, batch, _, _ in shapes if p == phase}
