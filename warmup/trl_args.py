@@ -254,16 +254,23 @@ def _type_name(annotation: Any) -> str:
     return re.sub(r"\b(typing|transformers\.[\w.]+)\.", "", text)
 
 
+# TRL error messages that describe a field without naming it.
+_FIELD_PHRASES = {
+    "global eval batch size": "per_device_eval_batch_size",
+    "generations per prompt": "num_generations",
+}
+
+
 def _field_named_in(message: str, given: dict[str, Any]) -> str:
     """Best guess at the field an error from TRL's __post_init__ is about."""
+    for phrase, name in _FIELD_PHRASES.items():
+        if phrase in message:
+            return f"args.{name}"
     for name in sorted(given, key=len, reverse=True):
         if re.search(rf"\b{re.escape(name)}\b", message):
             return f"args.{name}"
     for name, value in given.items():
-        if (
-            isinstance(value, str | int)
-            and not isinstance(value, bool)
-            and re.search(rf"\b{re.escape(str(value))}\b", message)
-        ):
+        # Strings only: a small number like 2 appears in many messages.
+        if isinstance(value, str) and re.search(rf"\b{re.escape(value)}\b", message):
             return f"args.{name}"
     return "args"

@@ -202,10 +202,12 @@ def test_grpo_eval_batch_is_checked_globally_for_the_target_world_size():
         "num_generations": 4,
         "per_device_eval_batch_size": 2,
         "gradient_accumulation_steps": 2,
+        "eval_strategy": "steps",
     }
     one = load_spec(spec_dict(trainer="grpo", args=args))
-    with pytest.raises(SpecError, match="global eval batch size"):
+    with pytest.raises(SpecError, match="global eval batch size") as error:
         resolve_trainer_args(one)
+    assert error.value.problems[0].loc == "args.per_device_eval_batch_size"
     two = load_spec(
         spec_dict(
             trainer="grpo", args=args, target={"backend": "neuron", "device": "neuron", "world_size": 2}
