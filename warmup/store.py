@@ -336,6 +336,8 @@ class S3BlobStore(BlobStore):
         return True
 
     def put_file(self, path: str | os.PathLike[str], sha256: str | None = None) -> bool:
+        if sha256 is not None and self.has(sha256):
+            return False
         actual, _size = sha256_file(path)
         if sha256 is not None and actual != sha256:
             raise BlobIntegrityError(

@@ -139,7 +139,9 @@ def test_concurrent_identical_submissions_make_one_job_threads(db_url: str, thre
 def test_concurrent_identical_submissions_make_one_job_processes(db_url: str) -> None:
     start, results = SPAWN.Event(), SPAWN.Queue()
     args = (factories.spec(), TOOLCHAIN, factories.signatures(10), start, results)
-    procs = [SPAWN.Process(target=workers.submit, args=(db_url, f"p{i}", *args)) for i in range(4)]
+    procs = [
+        SPAWN.Process(target=workers.submit, args=(db_url, f"p{i}", *args), daemon=True) for i in range(4)
+    ]
     for p in procs:
         p.start()
     start.set()
@@ -168,7 +170,9 @@ def test_four_worker_processes_do_each_of_twenty_tasks_exactly_once(db_url: str)
     result = TaskQueue(engine).submit_job(factories.spec(), TOOLCHAIN, factories.signatures(20))
     start, results = SPAWN.Event(), SPAWN.Queue()
     procs = [
-        SPAWN.Process(target=workers.drain, args=(db_url, TOOLCHAIN.key, f"worker-{i}", start, results))
+        SPAWN.Process(
+            target=workers.drain, args=(db_url, TOOLCHAIN.key, f"worker-{i}", start, results), daemon=True
+        )
         for i in range(4)
     ]
     for p in procs:
@@ -202,18 +206,21 @@ def test_killed_worker_loses_its_lease_and_another_worker_finishes(db_url: str) 
     result = queue.submit_job(factories.spec(), TOOLCHAIN, factories.signatures(1))
     lease_s = 2.0
     claimed = SPAWN.Queue()
-    holder = SPAWN.Process(target=workers.hold, args=(db_url, TOOLCHAIN.key, "doomed", lease_s, claimed))
+    holder = SPAWN.Process(
+        target=workers.hold, args=(db_url, TOOLCHAIN.key, "doomed", lease_s, claimed), daemon=True
+    )
     holder.start()
-    task_id = claimed.get(timeout=60)
-    assert task_id is not None
+    try:
+        task_id = claimed.get(timeout=60)
+        assert task_id is not None
 
-    # While it heartbeats, its lease outlives the original expiry and nobody else gets the task.
-    time.sleep(lease_s * 1.5)
-    assert queue.claim("rescuer", TOOLCHAIN.key, lease_s=60) is None
-    assert task_row(engine, task_id).heartbeat_at > task_row(engine, task_id).started_at
-
-    os.kill(holder.pid, signal.SIGKILL)
-    holder.join(timeout=30)
+        # While it heartbeats, its lease outlives the original expiry and nobody else gets the task.
+        time.sleep(lease_s * 1.5)
+        assert queue.claim("rescuer", TOOLCHAIN.key, lease_s=60) is None
+        assert task_row(engine, task_id).heartbeat_at > task_row(engine, task_id).started_at
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # mid-task: no release, no last heartbeat
+        holder.join(timeout=30)
     assert holder.exitcode == -signal.SIGKILL
 
     deadline = time.monotonic() + 30
@@ -239,6 +246,8 @@ def test_complete_is_refused_after_the_lease_was_lost(queue: TaskQueue, repo: Re
     result = submit(queue, 1)
     first = queue.claim("a", TOOLCHAIN.key, lease_s=60)
     travel(queue.engine, "lease_expires_at", -1, id=first.id)  # a stopped heartbeating
+    stalled = repo.job_status(result.job_id).signatures[0]
+    assert stalled.state == "running" and stalled.stalled and stalled.lease_owner == "a"
     second = queue.claim("b", TOOLCHAIN.key, lease_s=60)
     assert second is not None and second.id == first.id and second.attempts == 2
 
@@ -253,7 +262,8 @@ def test_complete_is_refused_after_the_lease_was_lost(queue: TaskQueue, repo: Re
         with pytest.raises(LeaseLostError):
             refused()
     assert repo.entries_for([first.signature_key], TOOLCHAIN.key) == {}
-    assert repo.job_status(result.job_id).signatures[0].state == "running"
+    running = repo.job_status(result.job_id).signatures[0]
+    assert running.state == "running" and not running.stalled and running.lease_owner == "b"
 
     files = [FileRef(path="b/graph.bin", sha256="b" * 64, size=7)]
     queue.complete(second.id, "b", files, compile_seconds=2.0)
@@ -349,8 +359,10 @@ def test_failures_are_retried_with_backoff_then_fail_with_their_log(
 def test_a_permanent_failure_skips_the_retries(queue: TaskQueue, repo: Repository) -> None:
     result = submit(queue, 1)
     task = queue.claim("w", TOOLCHAIN.key, lease_s=60)
+    queue.heartbeat(task.id, "w", lease_s=60, log_tail="building the trainer")
     assert queue.fail(task.id, "w", "the model config cannot be built", retry=False) == "failed"
     assert repo.job_status(result.job_id).state == "failed"
+    assert repo.task_log(task.id).log_tail == "building the trainer"  # the heartbeats' log is kept
 
 
 def test_complete_validates_the_files(queue: TaskQueue) -> None:
@@ -438,6 +450,10 @@ def test_list_jobs_newest_first_with_counts(queue: TaskQueue, repo: Repository) 
     assert [sum(j.counts.values()) for j in jobs] == [3, 2]
     assert sum(j.counts.get("ready", 0) for j in jobs) == 2  # the shared signature is ready in both
     assert {j.id for j in repo.list_jobs()} == {older.job_id, newer.job_id, other.job_id}
+    assert {j.toolchain_key for j in repo.list_jobs(spec_key=factories.spec().key)} == {
+        TOOLCHAIN.key,
+        factories.toolchain("trn2").key,
+    }
     assert len(repo.list_jobs(limit=1, offset=1)) == 1
     assert repo.job_status(uuid.uuid4()) is None
 

@@ -42,6 +42,9 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
+        # The queue's statements are written for READ COMMITTED (ON CONFLICT waits for the other
+        # insert, SKIP LOCKED skips rows being claimed); do not inherit a server-wide default.
+        kwargs.setdefault("isolation_level", "READ COMMITTED")
         return create_engine(parsed, **kwargs)
 
     database = parsed.database

@@ -298,7 +298,8 @@ class TaskQueue:
             ).one_or_none()
             if task is None:
                 raise LeaseLostError(task_id, worker_id)
-            self._insert_ignore(session, m.Blob, [{"sha256": f.sha256, "size": f.size} for f in files])
+            blobs = sorted({f.sha256: f.size for f in files}.items())  # one lock order for everyone
+            self._insert_ignore(session, m.Blob, [{"sha256": sha, "size": size} for sha, size in blobs])
             entry_id = session.execute(
                 dialect_insert(session, m.Entry)
                 .values(
@@ -324,7 +325,7 @@ class TaskQueue:
             return entry_id
 
     def fail(
-        self, task_id: int, worker_id: str, error: str, *, log_tail: str = "", retry: bool = True
+        self, task_id: int, worker_id: str, error: str, *, log_tail: str | None = None, retry: bool = True
     ) -> TaskState:
         """Record a failed attempt. With attempts left (and `retry`), the task is queued again after
         the strategy's backoff; otherwise it fails for good with its error and log. Returns the new
@@ -336,11 +337,9 @@ class TaskQueue:
             if attempts is None:
                 raise LeaseLostError(task_id, worker_id)
             delay = self.retry.delay(attempts) if retry else None
-            values: dict[str, Any] = {
-                "error": error,
-                "log_tail": self._tail(log_tail),
-                "lease_expires_at": None,
-            }
+            values: dict[str, Any] = {"error": error, "lease_expires_at": None}
+            if log_tail is not None:  # else keep what the heartbeats sent
+                values["log_tail"] = self._tail(log_tail)
             if delay is None:
                 values.update(state=TaskState.failed, finished_at=db_now())
             else:

@@ -92,7 +92,9 @@ class SignatureStatus(_Record):
     task_id: int | None
     attempts: int
     error: str | None
-    lease_owner: str | None
+    lease_owner: str | None  # the worker running it (or that last ran it)
+    lease_expires_at: datetime | None
+    stalled: bool  # running, but its worker stopped heartbeating; the next claim takes it over
     run_after: datetime | None
     heartbeat_at: datetime | None
     finished_at: datetime | None

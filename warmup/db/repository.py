@@ -76,6 +76,10 @@ class Repository:
                     m.Task.attempts,
                     m.Task.error,
                     m.Task.lease_owner,
+                    m.Task.lease_expires_at,
+                    and_(m.Task.state == m.TaskState.running, m.Task.lease_expires_at < db_now()).label(
+                        "stalled"
+                    ),
                     m.Task.run_after,
                     m.Task.heartbeat_at,
                     m.Task.finished_at,
@@ -96,6 +100,8 @@ class Repository:
                         attempts=row.attempts or 0,
                         error=row.error,
                         lease_owner=row.lease_owner,
+                        lease_expires_at=row.lease_expires_at,
+                        stalled=bool(row.stalled),
                         run_after=row.run_after,
                         heartbeat_at=row.heartbeat_at,
                         finished_at=row.finished_at,
@@ -105,11 +111,19 @@ class Repository:
             return JobStatus(**_summary_fields(job, counts), warnings=job.warnings, signatures=signatures)
 
     def list_jobs(
-        self, *, limit: int = 50, offset: int = 0, toolchain_key: str | None = None
+        self,
+        *,
+        limit: int = 50,
+        offset: int = 0,
+        spec_key: str | None = None,
+        toolchain_key: str | None = None,
     ) -> list[JobSummary]:
-        """Newest first, with how many signatures are in each state."""
+        """Newest first, with how many signatures are in each state. `spec_key` lists one spec's
+        jobs under every toolchain (to explain a toolchain mismatch to a pod)."""
         with self._sessions() as session:
             query = select(m.Job).order_by(m.Job.created_at.desc(), m.Job.id).limit(limit).offset(offset)
+            if spec_key is not None:
+                query = query.where(m.Job.spec_key == spec_key)
             if toolchain_key is not None:
                 query = query.where(m.Job.toolchain_key == toolchain_key)
             jobs = list(session.execute(query).scalars())
