@@ -111,6 +111,38 @@ class BlobIntegrityError(StoreError):
     """A blob's content does not match its sha256 or size."""
 
 
+class BlobNotFoundError(StoreError):
+    """The blob store has no blob (or document) under this key."""
+
+
+# --- the database ------------------------------------------------------------------------------
+
+
+class DatabaseError(WarmupError):
+    """The database cannot be reached or migrated."""
+
+
+class JobNotFoundError(WarmupError):
+    """No warm-up job has this id."""
+
+    def __init__(self, job_id: object) -> None:
+        self.job_id = job_id
+        super().__init__(f"no warm-up job with id {job_id}; submit the spec to create one")
+
+
+class LeaseLostError(WarmupError):
+    """A worker acted on a task it no longer holds: another worker claimed it after the lease ran out,
+    or it was released or finished. The worker must drop the task and publish nothing."""
+
+    def __init__(self, task_id: int, worker_id: str) -> None:
+        self.task_id = task_id
+        self.worker_id = worker_id
+        super().__init__(
+            f"worker {worker_id!r} no longer holds the lease on task {task_id} (it expired and the task was "
+            "claimed again, or the task was released or finished); drop this attempt and claim another task"
+        )
+
+
 class UnsafeArtifactError(WarmupError):
     """An artifact path would land outside the destination (absolute, `..`, symlink)."""
 

@@ -1,0 +1,75 @@
+"""Bring a database to the schema this code expects: `upgrade(url)` at server start-up.
+
+The schema lives only in `migrations/` (Alembic). This module finds it next to the `warmup` package
+(a source checkout or an editable install) and runs it against the URL given, on the same engine
+settings the service uses (see warmup.db.engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import OperationalError
+
+from warmup.db.engine import make_engine
+from warmup.errors import DatabaseError
+
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def alembic_config() -> Config:
+    if not (MIGRATIONS / "env.py").is_file():
+        raise DatabaseError(
+            f"the database migrations are not at {MIGRATIONS}: run the service from a source checkout "
+            "or an editable install (pip install -e .)"
+        )
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return config
+
+
+def upgrade(url: str | URL | Engine, revision: str = "head") -> None:
+    """Migrate the database at `url` (or behind an engine) to `revision`."""
+    _run(url, lambda config: command.upgrade(config, revision))
+
+
+def downgrade(url: str | URL | Engine, revision: str) -> None:
+    _run(url, lambda config: command.downgrade(config, revision))
+
+
+def current_revision(url: str | URL | Engine) -> str | None:
+    engine = url if isinstance(url, Engine) else make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        if engine is not url:
+            engine.dispose()
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def _run(url: str | URL | Engine, action: Callable[[Config], None]) -> None:
+    config = alembic_config()
+    engine = url if isinstance(url, Engine) else make_engine(url)
+    try:
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            action(config)
+    except OperationalError as error:
+        raise DatabaseError(
+            f"cannot migrate the database at {engine.url.render_as_string(hide_password=True)}: "
+            f"{error.orig or error}; check that it is running and that the URL is right"
+        ) from error
+    finally:
+        if engine is not url:
+            engine.dispose()
