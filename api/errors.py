@@ -14,6 +14,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from warmup.errors import (
     AuthError,
+    BlobNotFoundError,
+    JobNotFoundError,
     ModelConfigError,
     NotWarmedError,
     PartlyWarmedError,
@@ -38,6 +40,10 @@ def _answer(error: WarmupError) -> tuple[int, dict[str, Any]]:
         return 422, error_body(
             "invalid_spec", str(error), problems=[{"loc": "spec.model", "msg": str(error)}]
         )
+    if isinstance(error, JobNotFoundError):
+        return 404, error_body("not_found", str(error))
+    if isinstance(error, BlobNotFoundError):
+        return 404, error_body("blob_not_found", str(error))
     if isinstance(error, NotWarmedError):
         return 404, error_body("not_warmed", str(error))
     if isinstance(error, PartlyWarmedError):

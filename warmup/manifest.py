@@ -20,8 +20,6 @@ from warmup.errors import UnsafeArtifactError
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _SHA256 = re.compile(SHA256_PATTERN)
 MAX_PATH_LENGTH = 1024
-# The placeholder in manifest environment values for the directory the cache is installed into.
-CACHE_DIR_PLACEHOLDER = "{cache_dir}"
 
 
 def check_relative_path(path: str) -> str:
@@ -72,20 +70,28 @@ class Manifest(BaseModel):
     toolchain_key: str
     toolchain: dict[str, Any]
     backend: str
+    device: str
+    plan_size: int = Field(
+        description="Signatures the training process compiles: sizes Dynamo's recompile limit."
+    )
     signatures: list[str] = Field(description="Keys of the signatures whose entries are included.")
     missing: list[str] = Field(default_factory=list, description="Planned signatures with no entry yet.")
     files: list[ManifestFile]
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        description=f"Environment for the training process; {CACHE_DIR_PLACEHOLDER} stands for the install dir.",
-    )
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
     def environment(self, cache_dir: str) -> dict[str, str]:
-        return {key: value.replace(CACHE_DIR_PLACEHOLDER, cache_dir) for key, value in self.env.items()}
+        """The environment a training process needs to hit this cache in `cache_dir`.
+
+        Computed on the pod by the backend itself: parts of it (the CPU ISA and thread count in
+        Inductor's key tag) describe the machine the training runs on, which the toolchain check
+        has already proved equal to the warm-up worker's.
+        """
+        from warmup.backends import get_backend
+
+        return get_backend(self.backend, self.device).env(cache_dir, self.plan_size)
 
 
 def is_sha256(value: str) -> bool:

@@ -58,7 +58,9 @@ class Signature(BaseModel):
 
     def key(self) -> str:
         """sha256 of the canonical JSON of every field: the signature's identity."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # Only Signature's own fields: a subclass adding fields (the API's PlannedSignature) keeps the key.
+        own = self.model_dump(mode="json", include=set(Signature.model_fields), by_alias=False)
+        canonical = json.dumps(own, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     @property

@@ -225,3 +225,16 @@ class Worker(Base):
     host: Mapped[str | None] = mapped_column(String(255))
     started_at: Mapped[datetime] = mapped_column(default=db_now())
     last_seen: Mapped[datetime] = mapped_column(default=db_now(), onupdate=db_now())
+
+
+class Token(Base):
+    """An API bearer token. Only its sha256 is stored: the token itself is shown once, at creation."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(128))
+    scopes: Mapped[list[str]] = mapped_column(JSONDocument)
+    token_sha256: Mapped[str] = mapped_column(KEY, unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=db_now())
+    revoked_at: Mapped[datetime | None]

@@ -86,6 +86,7 @@ class SignatureStatus(_Record):
     """One signature of a job: ready (has an entry), or the state of its task."""
 
     key: str
+    signature: dict[str, Any]  # the signature's document: phase, shapes, graph settings
     state: SignatureState
     source: str  # "plan", or "coverage" when a training run reported it missed
     compile_seconds: float | None

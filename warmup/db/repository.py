@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, and_, select, update
+from sqlalchemy import Engine, and_, func, select, update
 from sqlalchemy.orm import selectinload
 
 from warmup.db import models as m
@@ -69,7 +69,9 @@ class Repository:
                 return None
             rows = session.execute(
                 _signature_rows([job_id])
+                .join(m.Signature, m.Signature.key == m.JobSignature.signature_key)
                 .add_columns(
+                    m.Signature.data.label("signature"),
                     m.JobSignature.source,
                     m.Entry.compile_seconds.label("entry_seconds"),
                     m.Task.id.label("task_id"),
@@ -93,6 +95,7 @@ class Repository:
                 signatures.append(
                     SignatureStatus(
                         key=row.signature_key,
+                        signature=row.signature,
                         state=state,
                         source=row.source,
                         compile_seconds=row.entry_seconds if state == "ready" else row.task_seconds,
@@ -203,6 +206,22 @@ class Repository:
                         .values(last_used_at=db_now())
                     )
         return found
+
+    def toolchains_with_entries(self, signature_keys: Sequence[str]) -> dict[str, int]:
+        """For each toolchain that has entries of some of these signatures: how many it has.
+        Tells "warmed for another environment" (a toolchain mismatch) from "never warmed"."""
+        counts: Counter[str] = Counter()
+        with self._sessions() as session:
+            for start in range(0, len(signature_keys), CHUNK):
+                chunk = list(signature_keys[start : start + CHUNK])
+                rows = session.execute(
+                    select(m.Entry.toolchain_key, func.count())
+                    .where(m.Entry.signature_key.in_(chunk))
+                    .group_by(m.Entry.toolchain_key)
+                )
+                for toolchain_key, count in rows:
+                    counts[toolchain_key] += count
+        return dict(counts)
 
     def get_spec(self, key: str) -> Keyed | None:
         return self._document(m.Spec, key)

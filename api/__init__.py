@@ -1,0 +1,1 @@
+"""The trl-warmup HTTP API (FastAPI). Entry point: `api.app.create_app(settings)`."""

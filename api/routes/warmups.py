@@ -1,0 +1,109 @@
+"""Warm-up jobs: submit a spec for a toolchain (or a worker pool), follow its progress."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Query, Response
+
+from api.deps import ReadAccess, ServicesDep, SubmitAccess
+from api.schemas import WarmupRequest
+from warmup.db.records import CoverageReportRecord, JobStatus, JobSummary, Keyed, TaskLog
+from warmup.errors import JobNotFoundError, SpecError
+from warmup.toolchain import Toolchain
+
+router = APIRouter(prefix="/v1", tags=["warmups"])
+
+
+@router.post(
+    "/warmups",
+    response_model=JobStatus,
+    status_code=201,
+    dependencies=[SubmitAccess],
+    summary="Warm every signature of a spec under a toolchain",
+    responses={200: {"description": "The same spec under the same toolchain already had this job"}},
+)
+def submit_warmup(body: WarmupRequest, services: ServicesDep, response: Response) -> JobStatus:
+    toolchain = body.toolchain or _pool_toolchain(services, body.pool or "")
+    target = body.spec.target
+    if (toolchain.backend, toolchain.device) != (target.backend, target.device):
+        raise SpecError(
+            f"the toolchain is {toolchain.backend}/{toolchain.device} but the spec targets "
+            f"{target.backend}/{target.device}",
+            loc="toolchain" if body.toolchain else "pool",
+        )
+    plan = services.plan(body.spec)
+    # Passes the backend does not compile (compile="eager") have nothing to warm.
+    warmable = [Keyed.of(s) for s in plan.signatures if s.compile != "eager"]
+    result = services.queue.submit_job(
+        Keyed.of(body.spec),
+        Keyed.of(toolchain),
+        warmable,
+        warnings=plan.warnings,
+        retry_failed=body.retry_failed,
+    )
+    if not result.created:
+        response.status_code = 200
+    status = services.repository.job_status(result.job_id)
+    assert status is not None
+    return status
+
+
+def _pool_toolchain(services: ServicesDep, pool: str) -> Toolchain:
+    found = services.repository.resolve_pool(pool)
+    if found is None:
+        raise SpecError(
+            f"no worker of pool {pool!r} has registered yet; start one with `warmup worker --pool {pool}`",
+            loc="pool",
+        )
+    return Toolchain.model_validate(found.data)
+
+
+@router.get(
+    "/warmups/{job_id}", response_model=JobStatus, dependencies=[ReadAccess], summary="One job's progress"
+)
+def get_warmup(job_id: uuid.UUID, services: ServicesDep) -> JobStatus:
+    status = services.repository.job_status(job_id)
+    if status is None:
+        raise JobNotFoundError(f"no warm-up job {job_id}")
+    return status
+
+
+@router.get(
+    "/warmups", response_model=list[JobSummary], dependencies=[ReadAccess], summary="Jobs, newest first"
+)
+def list_warmups(
+    services: ServicesDep,
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0),
+    spec_key: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
+    toolchain_key: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
+) -> list[JobSummary]:
+    return services.repository.list_jobs(
+        limit=limit, offset=offset, spec_key=spec_key, toolchain_key=toolchain_key
+    )
+
+
+@router.get(
+    "/warmups/{job_id}/coverage",
+    response_model=list[CoverageReportRecord],
+    dependencies=[ReadAccess],
+    summary="Coverage reports of training runs",
+)
+def job_coverage(job_id: uuid.UUID, services: ServicesDep) -> list[CoverageReportRecord]:
+    if services.repository.job_status(job_id) is None:
+        raise JobNotFoundError(f"no warm-up job {job_id}")
+    return services.repository.coverage_reports(job_id)
+
+
+@router.get(
+    "/tasks/{task_id}/log",
+    response_model=TaskLog,
+    dependencies=[ReadAccess],
+    summary="A task's error and log",
+)
+def task_log(task_id: int, services: ServicesDep) -> TaskLog:
+    log = services.repository.task_log(task_id)
+    if log is None:
+        raise JobNotFoundError(f"no task {task_id}")
+    return log

@@ -1,0 +1,79 @@
+"""Request and response bodies of the API (the OpenAPI schema documents them)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+
+from warmup.signature import Signature
+from warmup.spec import Spec
+from warmup.toolchain import Toolchain
+
+MAX_REPORTED_SIGNATURES = 4096
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PlanRequest(_Body):
+    spec: Spec
+
+
+class PlannedSignature(Signature):
+    """A signature and its key (`key` in JSON; the attribute is not named so, `Signature.key()` is a method)."""
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    signature_key: str = Field(alias="key", description="The signature's key (sha256 of its canonical JSON).")
+
+
+class PlanResponse(BaseModel):
+    spec_key: str
+    signatures: list[PlannedSignature]
+    warnings: list[str]
+    estimate_seconds: dict[str, float] = Field(description="Estimated compile time of the plan, per backend.")
+
+
+class WarmupRequest(_Body):
+    spec: Spec
+    toolchain: Toolchain | None = Field(
+        None, description="The environment to warm for (what a pod computes)."
+    )
+    pool: str | None = Field(
+        None, max_length=128, description="Or: a named worker pool; its toolchain is used."
+    )
+    retry_failed: bool = Field(False, description="Queue again the signatures whose compile failed before.")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> WarmupRequest:
+        if (self.toolchain is None) == (self.pool is None):
+            raise ValueError("give exactly one of toolchain or pool")
+        return self
+
+
+class ManifestRequest(_Body):
+    spec: Spec
+    toolchain: Toolchain
+    allow_partial: bool = Field(
+        False, description="Install what exists even if some signatures are not warm yet."
+    )
+
+
+class CoverageRequest(_Body):
+    """What a training run met: every signature's key, the ones that compiled fresh, and their documents."""
+
+    spec: Spec
+    toolchain: Toolchain
+    met: list[str] = Field(default_factory=list, max_length=MAX_REPORTED_SIGNATURES)
+    missed: list[Signature] = Field(default_factory=list, max_length=MAX_REPORTED_SIGNATURES)
+    fresh_compiles: NonNegativeInt = 0
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class CoverageResponse(BaseModel):
+    job_id: uuid.UUID
+    report_id: int
+    enqueued: list[str] = Field(description="Keys of missed signatures that became new tasks.")

@@ -1,0 +1,145 @@
+"""What the routes work with, built once per app from the settings: database, queue, store, caches.
+
+Planning a spec reads its model config and builds TRL's config class; pods ask for the same spec's
+manifest many times, so plans are cached by spec key, and complete manifests by (spec, toolchain)
+for a fraction of the presigned URLs' lifetime.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from sqlalchemy import Engine, text
+
+from api.settings import Settings
+from warmup.db.engine import make_engine
+from warmup.db.migrate import upgrade
+from warmup.db.queue import TaskQueue
+from warmup.db.repository import Repository
+from warmup.db.tokens import TokenStore
+from warmup.errors import PlanTooLargeError
+from warmup.planner import plan_spec
+from warmup.signature import Plan
+from warmup.spec import Spec
+from warmup.store import BlobStore, open_store
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class TTLCache(Generic[K, V]):
+    """A small thread-safe LRU whose values expire after `ttl_s` seconds."""
+
+    def __init__(self, maxsize: int, ttl_s: float) -> None:
+        self.maxsize, self.ttl_s = maxsize, ttl_s
+        self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is None or item[0] < time.monotonic():
+                self._items.pop(key, None)
+                return None
+            self._items.move_to_end(key)
+            return item[1]
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._items[key] = (time.monotonic() + self.ttl_s, value)
+            self._items.move_to_end(key)
+            while len(self._items) > self.maxsize:
+                self._items.popitem(last=False)
+
+    def pop(self, key: K) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+    def get_or_compute(self, key: K, compute: Callable[[], V]) -> V:
+        value = self.get(key)
+        if value is None:
+            value = compute()
+            self.put(key, value)
+        return value
+
+
+@dataclass
+class Services:
+    settings: Settings
+    engine: Engine
+    queue: TaskQueue
+    repository: Repository
+    store: BlobStore
+    tokens: TokenStore
+    plans: TTLCache[str, Plan] = field(default_factory=lambda: TTLCache(1024, 3600.0))
+    manifests: TTLCache[tuple[str, str], bytes] = field(default_factory=lambda: TTLCache(4096, 60.0))
+    # Verified tokens, briefly: a pull makes many requests; a revocation takes effect within a minute.
+    verified_tokens: TTLCache[str, frozenset[str]] = field(default_factory=lambda: TTLCache(1024, 60.0))
+
+    @classmethod
+    def start(cls, settings: Settings) -> Services:
+        """Migrate the database and check the store: a bad URL or bucket fails here, at start-up."""
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        url = settings.resolved_database_url
+        upgrade(url)
+        engine = make_engine(url)
+        store = open_store(settings.resolved_store_url)
+        store.check()
+        services = cls(
+            settings=settings,
+            engine=engine,
+            queue=TaskQueue(engine),
+            repository=Repository(engine),
+            store=store,
+            tokens=TokenStore(engine),
+        )
+        # Manifests must outlive neither their presigned URLs nor a garbage collection by long.
+        services.manifests.ttl_s = min(60.0, settings.presign_expiry_s / 4)
+        return services
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def plan(self, spec: Spec) -> Plan:
+        """The spec's plan, cached by spec key; refuses plans over the configured size."""
+
+        def compute() -> Plan:
+            plan = plan_spec(spec)
+            if len(plan.signatures) > self.settings.max_signatures:
+                raise PlanTooLargeError(
+                    f"the spec plans {len(plan.signatures)} signatures, more than this server accepts "
+                    f"({self.settings.max_signatures}); pad to a multiple of 128 and bound the lengths",
+                    loc="spec.args",
+                )
+            return plan
+
+        return self.plans.get_or_compute(spec.key(), compute)
+
+    def token_scopes(self, token: str) -> frozenset[str] | None:
+        scopes = self.verified_tokens.get(token)
+        if scopes is None:
+            scopes = self.tokens.scopes_of(token)
+            if scopes is not None:
+                self.verified_tokens.put(token, scopes)
+        return scopes
+
+    def database_ready(self) -> str | None:
+        """None when the database answers, else why not."""
+        try:
+            with self.engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+        except Exception as error:
+            return f"database: {type(error).__name__}: {str(error).splitlines()[0]}"
+        return None
+
+    def store_ready(self) -> str | None:
+        try:
+            self.store.check()
+        except Exception as error:
+            return f"store: {error}"
+        return None

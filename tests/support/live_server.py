@@ -1,0 +1,41 @@
+"""The API served by a real uvicorn in a thread, on a free port (clients talk real HTTP to it)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import uvicorn
+
+from api.app import create_app
+from api.services import Services
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(services: Services) -> Iterator[str]:
+    """Serve `services` on 127.0.0.1; yields the base URL, stops the server on exit."""
+    config = uvicorn.Config(
+        create_app(services=services), host="127.0.0.1", port=_free_port(), log_level="warning", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
