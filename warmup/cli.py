@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_arguments(plan)
     plan.add_argument("--format", choices=["table", "json"], default="table")
     plan.set_defaults(func=cmd_plan)
+
+    from warmup import cli_service
+
+    cli_service.register(sub)
     return parser
 
 

@@ -98,9 +98,14 @@ class ServiceClient:
         return self.request("POST", "/v1/plans", json={"spec": spec})
 
     def submit(
-        self, spec: dict[str, Any], *, toolchain: dict[str, Any] | None = None, pool: str | None = None
+        self,
+        spec: dict[str, Any],
+        *,
+        toolchain: dict[str, Any] | None = None,
+        pool: str | None = None,
+        retry_failed: bool = False,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"spec": spec}
+        body: dict[str, Any] = {"spec": spec, "retry_failed": retry_failed}
         if toolchain is not None:
             body["toolchain"] = toolchain
         if pool is not None:

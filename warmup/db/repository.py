@@ -113,6 +113,16 @@ class Repository:
             counts = dict(Counter(s.state for s in signatures))
             return JobStatus(**_summary_fields(job, counts), warnings=job.warnings, signatures=signatures)
 
+    def jobs_needing(self, signature_key: str, toolchain_key: str) -> list[tuple[uuid.UUID, str]]:
+        """(job id, spec key) of every job that needs this signature under this toolchain."""
+        with self._sessions() as session:
+            rows = session.execute(
+                select(m.Job.id, m.Job.spec_key)
+                .join(m.JobSignature, m.JobSignature.job_id == m.Job.id)
+                .where(m.JobSignature.signature_key == signature_key, m.Job.toolchain_key == toolchain_key)
+            )
+            return [(row.id, row.spec_key) for row in rows]
+
     def list_jobs(
         self,
         *,

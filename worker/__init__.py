@@ -1,0 +1,1 @@
+"""Warm-up workers: claim tasks, rehearse them, upload artifacts (see worker.loop)."""

@@ -1,0 +1,275 @@
+"""The worker: claim a task, rehearse its signature, upload the artifacts, record the entry.
+
+One task at a time, under a lease that a heartbeat thread renews. The order is what keeps a
+half-done task invisible: blobs are reserved (so garbage collection leaves them alone), uploaded,
+and only then is the entry recorded, in the same statement that checks this worker still holds the
+lease. A failed rehearsal is retried with backoff by the queue, then recorded with its log.
+
+When a task completes a job (every signature ready), the worker publishes the job's manifest into
+the bucket, after its blobs, so that pods with bucket credentials can pull while the API is down.
+
+Workers meet the API only in the database and the blob store (see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from warmup.db.engine import make_engine
+from warmup.db.manifests import build_manifest, publish_manifest
+from warmup.db.queue import TaskQueue
+from warmup.db.records import ClaimedTask, FileRef, Keyed
+from warmup.db.repository import Repository
+from warmup.errors import LeaseLostError, RehearsalError, WarmupError
+from warmup.signature import Signature
+from warmup.spec import Spec
+from warmup.store import BlobStore, open_store
+from warmup.toolchain import Toolchain, current_toolchain
+
+log = logging.getLogger("warmup.worker")
+
+
+@dataclass
+class WorkerOptions:
+    database_url: str
+    store_url: str
+    backend: str = "inductor"
+    device: str = "cpu"
+    pool: str | None = None
+    worker_id: str = field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    )
+    lease_s: float = 120.0
+    poll_s: float = 2.0
+    task_timeout_s: float = 3600.0
+    grace_s: float = 60.0  # on SIGTERM: how long the current task may take to finish before it is released
+    work_dir: Path | None = None
+    exit_when_idle: bool = False  # for tests and one-shot CI workers
+    max_tasks: int | None = None
+
+
+@dataclass
+class TaskOutcome:
+    task_id: int
+    signature: str
+    status: str  # done | failed | retry | released | lost
+    seconds: float
+    detail: str = ""
+
+
+class Worker:
+    """Claims and runs tasks of one toolchain (this process's own)."""
+
+    def __init__(
+        self,
+        options: WorkerOptions,
+        *,
+        engine: Engine | None = None,
+        store: BlobStore | None = None,
+        toolchain: Toolchain | None = None,
+    ) -> None:
+        self.options = options
+        self.engine = engine or make_engine(options.database_url)
+        self.store = store or open_store(options.store_url)
+        self.queue = TaskQueue(self.engine)
+        self.repository = Repository(self.engine)
+        self.toolchain = toolchain or current_toolchain(options.backend, options.device)
+        self.toolchain_key = self.toolchain.key()
+        self.stop = threading.Event()  # set: claim nothing new
+        self.outcomes: list[TaskOutcome] = []
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> list[TaskOutcome]:
+        """Work until `stop` is set (or, with exit_when_idle, until the queue has nothing for us)."""
+        self.store.check()
+        self.repository.register_worker(
+            self.options.worker_id,
+            Keyed.of(self.toolchain),
+            pool=self.options.pool,
+            host=socket.gethostname(),
+        )
+        log.info("worker %s ready for %s", self.options.worker_id, self.toolchain.short)
+        try:
+            while not self.stop.is_set():
+                if self.options.max_tasks is not None and len(self.outcomes) >= self.options.max_tasks:
+                    break
+                task = self.queue.claim(self.options.worker_id, self.toolchain_key, self.options.lease_s)
+                if task is None:
+                    if self.options.exit_when_idle:
+                        break
+                    self.repository.touch_worker(self.options.worker_id)
+                    self.stop.wait(self.options.poll_s)
+                    continue
+                self.outcomes.append(self.process(task))
+        finally:
+            self.repository.remove_worker(self.options.worker_id)
+        return self.outcomes
+
+    def process(self, task: ClaimedTask) -> TaskOutcome:
+        started = time.monotonic()
+        signature = Signature.model_validate(task.signature)
+        label = f"task {task.id} ({signature.shape_label})"
+        log.info("%s: rehearsing (attempt %d)", label, task.attempts)
+        if task.spec is None:
+            self.queue.fail(
+                task.id, self.options.worker_id, "no job needs this signature any more", retry=False
+            )
+            return TaskOutcome(task.id, signature.shape_label, "failed", 0.0, "orphan task")
+        heartbeat = _Heartbeat(self.queue, task.id, self.options.worker_id, self.options.lease_s)
+        heartbeat.start()
+        work = Path(tempfile.mkdtemp(prefix=f"warmup-task-{task.id}-", dir=self.options.work_dir))
+        try:
+            result = self._rehearse(Spec.model_validate(task.spec.data), signature, work, heartbeat)
+            if heartbeat.lost.is_set():
+                return TaskOutcome(
+                    task.id,
+                    signature.shape_label,
+                    "lost",
+                    time.monotonic() - started,
+                    "another worker took the task over",
+                )
+            if result is None:  # stopped (SIGTERM) before the rehearsal finished
+                self.queue.release(task.id, self.options.worker_id)
+                return TaskOutcome(task.id, signature.shape_label, "released", time.monotonic() - started)
+            return self._record(task, signature, result, started)
+        except LeaseLostError as error:
+            return TaskOutcome(task.id, signature.shape_label, "lost", time.monotonic() - started, str(error))
+        except Exception as error:  # a crash of ours: record it on the task, keep working
+            log.exception("%s failed", label)
+            state = self.queue.fail(task.id, self.options.worker_id, f"{type(error).__name__}: {error}")
+            return TaskOutcome(
+                task.id,
+                signature.shape_label,
+                "retry" if state == "queued" else "failed",
+                time.monotonic() - started,
+                str(error),
+            )
+        finally:
+            heartbeat.cancel()
+            shutil.rmtree(work, ignore_errors=True)
+
+    # --- steps -------------------------------------------------------------------------------
+
+    def _rehearse(self, spec: Spec, signature: Signature, work: Path, heartbeat: _Heartbeat):
+        """Rehearse in a thread so that SIGTERM can stop waiting; None when stopped first."""
+        from warmup.rehearsal import rehearse
+
+        box: dict[str, object] = {}
+        cancel = threading.Event()
+
+        def run() -> None:
+            try:
+                box["result"] = rehearse(
+                    spec,
+                    [signature],
+                    work / "rehearsal",
+                    timeout_s=self.options.task_timeout_s,
+                    cancel=cancel,
+                )[0]
+            except BaseException as error:  # handed to the calling thread
+                box["error"] = error
+
+        thread = threading.Thread(target=run, name="rehearsal", daemon=True)
+        thread.start()
+        grace_deadline: float | None = None
+        while thread.is_alive():
+            thread.join(0.5)
+            if heartbeat.lost.is_set():
+                cancel.set()
+            if self.stop.is_set() and grace_deadline is None:
+                grace_deadline = time.monotonic() + self.options.grace_s
+            if grace_deadline is not None and time.monotonic() > grace_deadline:
+                cancel.set()
+                thread.join(30)
+                return None
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["result"]
+
+    def _record(self, task: ClaimedTask, signature: Signature, result, started: float) -> TaskOutcome:
+        elapsed = time.monotonic() - started
+        worker = self.options.worker_id
+        if result.status != "ok":
+            error = f"{result.status}: {result.note}" if result.note else result.status
+            state = self.queue.fail(task.id, worker, error, log_tail=result.log_tail)
+            log.warning("task %d %s: %s (%s)", task.id, signature.shape_label, error, state)
+            return TaskOutcome(
+                task.id, signature.shape_label, "retry" if state == "queued" else "failed", elapsed, error
+            )
+        refs = [FileRef(path=f.path, sha256=f.sha256, size=f.size) for f in result.files]
+        self.queue.reserve_blobs(refs)  # before uploading: garbage collection must not take them
+        for file in result.files:
+            self.store.put_file(Path(result.cache_dir) / file.path, file.sha256)
+        self.queue.complete(task.id, worker, refs, result.compile_seconds, log_tail=result.log_tail or None)
+        log.info(
+            "task %d %s: done in %.1fs (%d files, compile %.1fs)",
+            task.id,
+            signature.shape_label,
+            elapsed,
+            len(refs),
+            result.compile_seconds,
+        )
+        self._publish_ready_manifests(task.signature_key)
+        return TaskOutcome(task.id, signature.shape_label, "done", elapsed, result.note)
+
+    def _publish_ready_manifests(self, signature_key: str) -> None:
+        """Jobs this task completed get their manifest written into the bucket (best effort)."""
+        from warmup.planner import plan_spec
+
+        for job_id, spec_key in self.repository.jobs_needing(signature_key, self.toolchain_key):
+            status = self.repository.job_status(job_id)
+            if status is None or status.state != "ready":
+                continue
+            try:
+                spec_doc = self.repository.get_spec(spec_key)
+                plan_size = len(plan_spec(Spec.model_validate(spec_doc.data)).signatures) if spec_doc else 0
+                manifest = build_manifest(
+                    self.repository,
+                    None,
+                    spec_key=spec_key,
+                    toolchain=Keyed.of(self.toolchain),
+                    signature_keys=[s.key for s in status.signatures],
+                    plan_size=plan_size,
+                )
+                if not manifest.missing:
+                    publish_manifest(self.store, manifest)
+            except WarmupError as error:
+                log.warning("could not publish the manifest of job %s: %s", job_id, error)
+
+
+class _Heartbeat(threading.Thread):
+    """Renews the task's lease every lease/4 seconds; sets `lost` when another worker took it."""
+
+    def __init__(self, queue: TaskQueue, task_id: int, worker_id: str, lease_s: float) -> None:
+        super().__init__(name=f"heartbeat-{task_id}", daemon=True)
+        self.queue, self.task_id, self.worker_id, self.lease_s = queue, task_id, worker_id, lease_s
+        self.lost = threading.Event()
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(self.lease_s / 4):
+            try:
+                self.queue.heartbeat(self.task_id, self.worker_id, self.lease_s)
+            except LeaseLostError:
+                self.lost.set()
+                return
+            except Exception as error:  # the database is away for a moment: the lease has slack
+                log.warning("heartbeat of task %d failed: %s", self.task_id, error)
+
+    def cancel(self) -> None:
+        self._done.set()
+
+
+__all__ = ["RehearsalError", "TaskOutcome", "Worker", "WorkerOptions"]
