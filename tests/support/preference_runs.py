@@ -82,7 +82,7 @@ def record(
         "reward": (RewardConfig, RewardTrainer),
     }[kind]
     compile_args = DYNAMO_EAGER if torch_compile else {}
-    config = config_class(output_dir=str(tmp_path / "out"), **CPU_ARGS, **args, **compile_args)
+    config = config_class(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **args, **compile_args})
     policy = init_model(model_dir)
     extra = {}
     if kind != "reward" and not config.precompute_ref_log_probs:
