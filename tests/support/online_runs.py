@@ -17,7 +17,8 @@ from tests.support.shape_recorder import (
     DYNAMO_EAGER,
     Shape,
     ShapeRecorder,
-    one_graph_per_shape,
+    check_compiled,
+    compiling,
     planned_shapes,
 )
 from tests.support.tiny_model import init_model, words, write_tiny_model
@@ -100,7 +101,7 @@ def record(
         **(DYNAMO_EAGER if torch_compile else {}),
     }
     recorder = ShapeRecorder()
-    with one_graph_per_shape() if torch_compile else contextlib.nullcontext():
+    with compiling(recorder) if torch_compile else contextlib.nullcontext():
         trainer = _build(
             kind,
             model_dir,
@@ -122,6 +123,9 @@ def record(
                 recorder.attach(_traced(trainer.ref_model), role="ref")
         CompletionScript(length_of, tokenizer.eos_token_id, tokenizer.pad_token_id).attach(trainer.model)
         trainer.train()
+    if torch_compile:
+        others = [trainer.teacher_model] if kind == "distillation" else [trainer.ref_model]
+        check_compiled(trainer.model_wrapped, *[module for module in others if module is not None])
     return recorder
 
 

@@ -12,7 +12,8 @@ from tests.support.shape_recorder import (
     DYNAMO_EAGER,
     Shape,
     ShapeRecorder,
-    one_graph_per_shape,
+    check_compiled,
+    compiling,
     planned_shapes,
 )
 from tests.support.tiny_model import init_model, words
@@ -89,7 +90,7 @@ def record(
         # TRL would load this copy from the policy's checkpoint; the test models have no weights on disk.
         extra["ref_model"] = init_model(model_dir, seed=1)
     recorder = ShapeRecorder()
-    with one_graph_per_shape() if torch_compile else contextlib.nullcontext():
+    with compiling(recorder) if torch_compile else contextlib.nullcontext():
         while_building = recorder.attach(policy, "ref")
         trainer = trainer_class(
             model=policy,
@@ -106,6 +107,8 @@ def record(
             # Under torch.compile accelerate hands back an OptimizedModule: hook the module Dynamo traces.
             recorder.attach(getattr(reference, "_orig_mod", reference), "ref")
         trainer.train()
+    if torch_compile:
+        check_compiled(trainer.model_wrapped, *([reference] if reference is not None else []))
     return recorder
 
 

@@ -24,6 +24,7 @@ class ShapeRecorder:
     seen: set[Shape] = field(default_factory=set)  # every forward
     compiled: set[Shape] = field(default_factory=set)  # the forwards Dynamo traced
     calls: int = 0
+    graphs: int = 0  # graphs Dynamo handed to its backend during `compiling(recorder)`, hooked or not
 
     def attach(self, model, role: str = "policy"):
         """Record forwards of `model`; role is policy, ref or teacher. Returns the hook's removable handle."""
@@ -56,20 +57,32 @@ class ShapeRecorder:
 
 
 @contextlib.contextmanager
-def one_graph_per_shape() -> Iterator[None]:
+def compiling(recorder: ShapeRecorder) -> Iterator[None]:
     """Dynamo settings under which every new shape is traced again, so the hooks see it compiled.
 
     Automatic dynamic shapes would fold a second shape into a symbolic graph without tracing (and
-    recording) it; Neuron compiles with dynamic=False anyway. Graphs of other runs are dropped.
+    recording) it; Neuron compiles with dynamic=False anyway. Graphs of other runs are dropped. Counts
+    the graphs Dynamo compiled into `recorder.graphs`.
     """
     import torch
+    from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
     try:
         with torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64):
             yield
     finally:
+        recorder.graphs = counters["stats"]["unique_graphs"] - before
         torch._dynamo.reset()
+
+
+def check_compiled(*modules) -> None:
+    """Fail unless accelerate wrapped each module in torch.compile: otherwise a run shows nothing about it."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    for module in modules:
+        assert isinstance(module, OptimizedModule), f"{type(module).__name__} is not wrapped in torch.compile"
 
 
 def _static_cache_len(cache) -> int | None:
