@@ -95,8 +95,8 @@ def _target_warnings(plan: PlanBuilder) -> None:
 def _recompile_limit_warning(plan: PlanBuilder) -> None:
     """Dynamo silently runs eager past its recompile limit; count the graphs it traces per model forward.
 
-    Only passes through the torch.compile wrapper count: generation, eval and the other bare-policy passes never
-    reach Dynamo (on Neuron TorchNeuron compiles them without it).
+    Only passes through the torch.compile wrapper count, on either backend: generation, eval and the other
+    bare-policy passes are not torch.compile frames (on Neuron they compile as eager TorchNeuron ops).
     """
     per_model: dict[str, int] = {}
     for key in plan.dynamo_keys:
