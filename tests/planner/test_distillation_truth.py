@@ -13,7 +13,15 @@ import random
 
 import pytest
 
-from tests.support.online_runs import phases, plan_for, planned, run_trainer, write_tiny_model_with_weights
+from tests.support.online_runs import (
+    phases,
+    plan_for,
+    planned,
+    record,
+    run_trainer,
+    write_tiny_model_with_weights,
+)
+from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
 M = 20
 BASE = {
@@ -79,3 +87,38 @@ def test_teacher_signatures_name_the_teacher_model(student_dir, teacher_dir):
     models = {phase: {s.model for s in plan.signatures if s.phase == phase} for phase in ("train", "teacher")}
     assert len(models["train"]) == len(models["teacher"]) == 1
     assert models["train"] != models["teacher"]
+
+
+@pytest.mark.slow
+def test_under_torch_compile_nothing_compiles(student_dir, teacher_dir, tmp_path):
+    """DistillationTrainer calls both backbones through `_forward_redirection` on `accelerator.unwrap_model(...)`,
+    which keeps the torch.compile wrapper and then patches that wrapper's own forward: Dynamo traces nothing,
+    not the student's training forward, not the teacher (prepared and wrapped at init), not eval or generation.
+    """
+    args = {
+        **BASE,
+        "max_completion_length": 8,
+        "eval_strategy": "steps",
+        "eval_steps": 1,
+        "per_device_eval_batch_size": 2,
+        "max_steps": 1,
+        "torch_compile": True,
+    }
+    facts = {"min_prompt_tokens": 5, "max_prompt_tokens": 16, "num_eval_examples": 2}
+    prompts = [(5, 8), (16, 8), (9, 8), (12, 8)]  # one round of 4 prompts: P 16, C 16, cache 23
+    run = record(
+        "distillation",
+        student_dir,
+        tmp_path,
+        args,
+        prompts,
+        prompts[:2],
+        teacher_dir=teacher_dir,
+        torch_compile=True,
+    )
+    plan = plan_for("distillation", student_dir, args, facts, teacher_dir=teacher_dir)
+    assert run.seen == planned_shapes(plan), f"missed: {sorted(run.seen - planned_shapes(plan))}"
+    assert phases(run.seen) == {"train", "teacher", "eval", "generate_prefill", "generate_decode"}
+    assert run.compiled == compiled_shapes(plan) == set()
+    assert run.graphs == 0  # nor did Dynamo compile any graph outside the hooked backbones
+    assert any("no module through the torch.compile wrapper" in warning for warning in plan.warnings)

@@ -11,7 +11,8 @@ import random
 
 import pytest
 
-from tests.support.preference_runs import batches, pair, phases, plan_for, run_trainer
+from tests.support.preference_runs import batches, full_plan, pair, phases, plan_for, record, run_trainer
+from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
 
 def random_pairs(rng: random.Random, count: int, shortest: int, longest: int) -> list[dict]:
@@ -100,11 +101,10 @@ def test_plan_lists_only_reachable_shapes(tiny_model_dir, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precompute", [True, False])
-def test_under_torch_compile_the_plan_is_what_compiles(tiny_model_dir, tmp_path, precompute):
-    """The Trainer compiles the policy when training starts and the reference copy at init; precompute
-    runs earlier, on the bare policy, so it compiles nothing and an Inductor plan leaves it out.
-
-    Dynamo's eager backend traces the same modules Inductor would, at a fraction of the cost.
+def test_under_torch_compile_the_compiled_signatures_are_what_compiles(tiny_model_dir, tmp_path, precompute):
+    """The Trainer compiles the policy when training starts and the reference copy at init (so its eval
+    forwards compile too); precompute runs earlier, on the bare policy, and evaluate() calls the bare
+    policy: both run eagerly, so the plan lists them labelled eager.
     """
     args = {
         "per_device_train_batch_size": 2,
@@ -118,20 +118,14 @@ def test_under_torch_compile_the_plan_is_what_compiles(tiny_model_dir, tmp_path,
     }
     rng = random.Random(3)
     train, evals = random_pairs(rng, 5, 17, 32), random_pairs(rng, 4, 17, 32)  # every row pads to 32
-    compiled = run_trainer(
-        "dpo",
-        tiny_model_dir,
-        tmp_path,
-        {**args, "torch_compile_backend": "eager"},
-        train,
-        evals,
-        compiled_only=True,
-    )
-    planned = plan_for(
+    run = record("dpo", tiny_model_dir, tmp_path, args, train, evals, torch_compile=True)
+    plan = full_plan(
         "dpo",
         tiny_model_dir,
         args,
         {"num_train_examples": 5, "num_eval_examples": 4, "min_tokens": 17, "max_tokens": 32},
     )
-    assert compiled == planned
-    assert ("ref" in phases(planned)) is not precompute
+    assert run.seen == planned_shapes(plan)
+    assert run.compiled == compiled_shapes(plan)
+    assert phases(run.compiled) == ({"train"} if precompute else {"train", "ref"})
+    assert phases(run.seen - run.compiled) == ({"ref", "eval"} if precompute else {"eval"})

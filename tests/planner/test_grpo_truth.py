@@ -16,7 +16,15 @@ import random
 
 import pytest
 
-from tests.support.online_runs import phases, plan_for, planned, run_trainer, write_tiny_model_with_weights
+from tests.support.online_runs import (
+    phases,
+    plan_for,
+    planned,
+    record,
+    run_trainer,
+    write_tiny_model_with_weights,
+)
+from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
 M = 20  # max_completion_length: completion buckets 16, 32
 BASE = {
@@ -157,44 +165,30 @@ def test_eval_plan_lists_only_reachable_shapes(model_dir, tmp_path):
     assert seen == plan, f"missed: {sorted(seen - plan)}; never produced: {sorted(plan - seen)}"
 
 
-def test_generation_is_not_compiled_under_torch_compile(model_dir, tmp_path, monkeypatch):
-    """With torch_compile on, Dynamo compiles the training forward but nothing inside `generate`.
+@pytest.mark.slow
+def test_under_torch_compile_the_compiled_signatures_are_what_compiles(model_dir, tmp_path):
+    """With torch_compile on, Dynamo traces the training forward and the reference copy (accelerate prepared
+    it at init, so in eval too) and nothing else: TRL generates with `disable_compile=True` on the unwrapped
+    module, and computes the old log-probs (and evaluate() its loss) on the bare policy.
 
-    TRL generates with `disable_compile=True` through the module under the compiled wrapper, so the plan
-    labels generate_* signatures eager under Inductor. Dynamo is run with its "eager" backend (fast; which
-    frames get compiled does not depend on the backend), wrapped to note whether a generate call is running.
+    One round of 4 rows (prompts pad to 16, completions of 8 to 16, cache 16 + 8 - 1), then one evaluation of
+    one prompt x 2 generations: the run reaches every planned signature.
     """
-    import torch
-    import transformers
-    from torch._dynamo.backends import registry
-
-    generating = [False]
-    compiled_during_generate: list[bool] = []
-    eager_backend = registry.lookup_backend("eager")
-    original_generate = transformers.GenerationMixin.generate
-
-    def noting_backend(graph, example_inputs):
-        compiled_during_generate.append(generating[0])
-        return eager_backend(graph, example_inputs)
-
-    def noting_generate(self, *args, **kwargs):
-        generating[0] = True
-        try:
-            return original_generate(self, *args, **kwargs)
-        finally:
-            generating[0] = False
-
-    monkeypatch.setitem(registry._COMPILER_FNS, "eager", noting_backend)
-    monkeypatch.setattr(transformers.GenerationMixin, "generate", noting_generate)
-    args = {**BASE, "max_completion_length": 8, "max_steps": 2, "torch_compile": True}
-    try:
-        seen = run_trainer(
-            "grpo", model_dir, tmp_path, {**args, "torch_compile_backend": "eager"}, [(10, 8)] * 8
-        )
-    finally:
-        torch._dynamo.reset()
-    assert compiled_during_generate, "Dynamo compiled nothing: the check would prove nothing"
-    assert not any(compiled_during_generate)
-    assert any(phase.startswith("generate_") for phase, *_ in seen)
-    plan = plan_for("grpo", model_dir, args, FACTS)
-    assert {s.compile for s in plan.signatures if s.phase.startswith("generate_")} == {"eager"}
+    args = {
+        **BASE,
+        "max_completion_length": 8,
+        "gradient_accumulation_steps": 1,
+        "steps_per_generation": 2,  # 1 % 2 != 0: old log-probs
+        "beta": 0.1,
+        "eval_strategy": "steps",
+        "eval_steps": 2,
+        "per_device_eval_batch_size": 2,
+        "max_steps": 2,
+        "torch_compile": True,
+    }
+    facts = {"min_prompt_tokens": 5, "max_prompt_tokens": 16, "num_eval_examples": 1}
+    run = record("grpo", model_dir, tmp_path, args, [(5, 8), (16, 8)], [(10, 8)], torch_compile=True)
+    plan = plan_for("grpo", model_dir, args, facts)
+    assert run.seen == planned_shapes(plan), f"missed: {sorted(run.seen - planned_shapes(plan))}"
+    assert run.compiled == compiled_shapes(plan) == {("train", 2, 32, None), ("ref", 2, 32, None)}
+    assert phases(run.seen - run.compiled) == {"old_logps", "eval", "generate_prefill", "generate_decode"}

@@ -12,7 +12,8 @@ import random
 
 import pytest
 
-from tests.support.preference_runs import batches, phases, plan_for, run_trainer, unpaired
+from tests.support.preference_runs import batches, full_plan, phases, plan_for, record, run_trainer, unpaired
+from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
 
 def random_examples(
@@ -137,9 +138,9 @@ def test_plan_lists_only_reachable_shapes(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_under_torch_compile_the_plan_is_what_compiles(tiny_model_dir, tmp_path):
-    """The wrapped policy (main and KL forwards) and the reference copy compile; evaluate() calls the
-    bare policy, which runs eagerly, so an Inductor plan lists no eval signature."""
+def test_under_torch_compile_the_compiled_signatures_are_what_compiles(tiny_model_dir, tmp_path):
+    """The wrapped policy (main and KL forwards) and the reference copy compile, the reference in evaluate()
+    too; evaluate() calls the bare policy, which runs eagerly: its signatures are listed eager."""
     args = {
         "per_device_train_batch_size": 2,
         "per_device_eval_batch_size": 3,
@@ -164,16 +165,10 @@ def test_under_torch_compile_the_plan_is_what_compiles(tiny_model_dir, tmp_path)
         "min_prompt_tokens": 13,
         "max_prompt_tokens": 14,
     }
-    compiled = run_trainer(
-        "kto",
-        tiny_model_dir,
-        tmp_path,
-        {**args, "torch_compile_backend": "eager"},  # Dynamo's eager backend: same modules, cheap compiles
-        examples(4),
-        examples(3),
-        compiled_only=True,
-    )
-    planned = plan_for("kto", tiny_model_dir, args, facts)
-    assert compiled == planned
-    assert phases(planned) == {"train", "old_logps", "ref"}
-    assert batches(planned, "ref") == {2, 3}  # 3: the eval loop's reference forwards compile
+    run = record("kto", tiny_model_dir, tmp_path, args, examples(4), examples(3), torch_compile=True)
+    plan = full_plan("kto", tiny_model_dir, args, facts)
+    assert run.seen == planned_shapes(plan)
+    assert run.compiled == compiled_shapes(plan)
+    assert phases(run.compiled) == {"train", "old_logps", "ref"}
+    assert batches(run.compiled, "ref") == {2, 3}  # 3: the eval loop's reference forwards compile
+    assert phases(run.seen - run.compiled) == {"eval"}

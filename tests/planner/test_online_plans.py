@@ -211,6 +211,40 @@ def test_reference_uses_log_probs_only_and_train_carries_the_loss(tiny_model_dir
     assert ref.settings["lm_head_outputs"] == "log_probs" and "loss_type" not in ref.settings
 
 
+@pytest.mark.parametrize(
+    ("trainer", "peft", "compiled"),
+    [
+        ("grpo", None, {"train", "ref"}),  # the reference copy is prepared (compiled) at init
+        ("grpo", {"lora_r": 8}, {"train"}),  # PEFT: the reference is the bare policy, adapter disabled
+        ("rloo", None, {"train", "ref"}),
+    ],
+)
+def test_under_inductor_only_the_wrapped_policy_and_the_reference_copy_compile(
+    tiny_model_dir, trainer, peft, compiled
+):
+    args = {
+        **BF16,
+        "beta": 0.1,
+        "steps_per_generation": 2,  # GA 1 % 2 != 0: GRPO computes old log-probs (RLOO always does)
+        "eval_strategy": "steps",
+        "pad_to_multiple_of": 128,
+        "torch_compile": True,
+    }
+    spec = {
+        "trainer": trainer,
+        "model": str(tiny_model_dir),
+        "args": {"per_device_train_batch_size": 4, "max_completion_length": 200, **args},
+        "data": {**FACTS, "num_eval_examples": 4},
+        "target": INDUCTOR,
+    }
+    if peft:
+        spec["peft"] = peft
+    plan = plan_spec(load_spec(spec))
+    listed = {s.phase for s in plan.signatures}
+    assert listed == {"train", "old_logps", "ref", "eval", "generate_prefill"}  # all listed (dynamic cache)
+    assert {s.phase for s in plan.signatures if s.compile != "eager"} == compiled
+
+
 # --- world size ------------------------------------------------------------------------------------
 
 

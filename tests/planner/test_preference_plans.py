@@ -12,7 +12,7 @@ import pytest
 
 from warmup.cli import main
 from warmup.errors import SpecError
-from warmup.planner import plan_spec
+from warmup.planner import estimate_seconds, plan_spec
 from warmup.signature import Plan
 from warmup.spec import load_spec
 
@@ -120,23 +120,33 @@ def test_dpo_on_neuron_pads_to_128_by_default(model):
     assert {s.seq_len for s in plan_spec(spec).signatures} == set(range(128, 1025, 128))  # ceil_128(1000)
 
 
-def test_inductor_does_not_list_passes_on_the_uncompiled_policy(model):
+@pytest.mark.parametrize(
+    ("trainer", "args", "peft", "compiled"),
+    [
+        ("dpo", {}, None, {"train", "ref"}),  # the separate reference copy is compiled, in eval too
+        ("dpo", {"precompute_ref_log_probs": True}, None, {"train"}),
+        ("dpo", {}, {"lora_r": 8}, {"train"}),  # the PEFT reference is the bare policy
+        ("kto", {}, None, {"train", "old_logps", "ref"}),  # the KL forward goes through the wrapped policy
+        ("kto", {"precompute_ref_log_probs": True}, None, {"train", "old_logps"}),
+        ("reward", {}, None, {"train"}),
+    ],
+)
+def test_inductor_lists_bare_policy_passes_as_eager(model, trainer, args, peft, compiled):
     """torch.compile wraps the policy when training starts; precompute, the PEFT reference and the
-    evaluation loop call it bare, so they run eagerly and compile nothing."""
-    compiled = {**EVAL, **COMPILED, "max_length": 64}
-    plain = make_plan("dpo", model(), compiled, FACTS)
-    assert phases(plain) == {"train", "ref"}  # the separate reference copy is compiled, eval included
-    assert {s.batch for s in plain.signatures if s.phase == "ref"} == {8, 4, 2}
-    precompute = make_plan("dpo", model(), {**compiled, "precompute_ref_log_probs": True}, FACTS)
-    assert phases(precompute) == {"train"}
-    assert phases(make_plan("dpo", model(), compiled, FACTS, peft={"lora_r": 8})) == {"train"}
-    assert phases(make_plan("kto", model(), compiled, FACTS)) == {"train", "old_logps", "ref"}
-    assert phases(make_plan("reward", model(), compiled, FACTS)) == {"train"}
-    # On Neuron every pass compiles, eager ops included.
-    on_neuron = make_plan(
-        "dpo", model(), {**compiled, "precompute_ref_log_probs": True}, FACTS, target=NEURON
+    evaluation loop call it bare, so they run eagerly: listed all the same, labelled eager."""
+    job = {**EVAL, "max_length": 64, **args}
+    on = make_plan(trainer, model(), {**job, **COMPILED}, FACTS, peft=peft)
+    off = make_plan(trainer, model(), job, FACTS, peft=peft)
+    neuron = make_plan(trainer, model(), {**job, **COMPILED}, FACTS, peft=peft, target=NEURON)
+    assert shapes(on) == shapes(off) == shapes(neuron)  # every shape the job hits, whatever compiles
+    assert phases(on) == {"dpo": {"train", "ref", "eval"}, "kto": {"train", "old_logps", "ref", "eval"}}.get(
+        trainer, {"train", "eval"}
     )
-    assert phases(on_neuron) == {"train", "ref", "eval"}
+    assert {s.phase for s in on.signatures if s.compile != "eager"} == compiled
+    assert {s.compile for s in on.signatures} == {"inductor", "eager"}
+    assert {s.compile for s in off.signatures} == {"eager"}
+    assert {s.compile for s in neuron.signatures} == {"neuron"}  # TorchNeuron compiles eager ops too
+    assert all(estimate_seconds(s, "inductor") == 0 for s in on.signatures if s.compile == "eager")
 
 
 def test_dpo_peft_reference_is_the_policy_with_its_adapter_disabled(model):

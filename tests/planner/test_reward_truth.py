@@ -12,7 +12,8 @@ import random
 
 import pytest
 
-from tests.support.preference_runs import batches, pair, phases, plan_for, run_trainer
+from tests.support.preference_runs import batches, full_plan, pair, phases, plan_for, record, run_trainer
+from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
 
 def test_random_data_is_covered_and_long_pairs_are_dropped(tiny_reward_model_dir, tmp_path):
@@ -76,7 +77,7 @@ def test_plan_lists_only_reachable_shapes(tiny_reward_model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_under_torch_compile_only_training_compiles(tiny_reward_model_dir, tmp_path):
-    """evaluate() calls the bare model, which runs eagerly: an Inductor plan lists training only."""
+    """evaluate() calls the bare model, which runs eagerly: an Inductor plan lists eval labelled eager."""
     args = {
         "per_device_train_batch_size": 2,
         "per_device_eval_batch_size": 3,
@@ -89,15 +90,9 @@ def test_under_torch_compile_only_training_compiles(tiny_reward_model_dir, tmp_p
     rng = random.Random(5)
     train = [pair(rng.randint(1, 10), rng.randint(17, 32), rng.randint(17, 32)) for _ in range(5)]
     evals = [pair(rng.randint(1, 10), rng.randint(17, 32), rng.randint(17, 32)) for _ in range(4)]
-    compiled = run_trainer(
-        "reward",
-        tiny_reward_model_dir,
-        tmp_path,
-        {**args, "torch_compile_backend": "eager"},  # Dynamo's eager backend: same modules, cheap compiles
-        train,
-        evals,
-        compiled_only=True,
-    )
+    run = record("reward", tiny_reward_model_dir, tmp_path, args, train, evals, torch_compile=True)
     facts = {"num_train_examples": 5, "num_eval_examples": 4, "min_tokens": 17, "max_tokens": 32}
-    planned = plan_for("reward", tiny_reward_model_dir, args, facts)
-    assert compiled == planned == {("train", 4, 32, None), ("train", 2, 32, None)}
+    plan = full_plan("reward", tiny_reward_model_dir, args, facts)
+    assert run.seen == planned_shapes(plan)
+    assert run.compiled == compiled_shapes(plan) == {("train", 4, 32, None), ("train", 2, 32, None)}
+    assert run.seen - run.compiled == {("eval", 6, 32, None), ("eval", 2, 32, None)}

@@ -12,7 +12,15 @@ import random
 
 import pytest
 
-from tests.support.online_runs import phases, planned, run_trainer, write_tiny_model_with_weights
+from tests.support.online_runs import (
+    phases,
+    plan_for,
+    planned,
+    record,
+    run_trainer,
+    write_tiny_model_with_weights,
+)
+from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
 M = 20
 BASE = {
@@ -70,3 +78,24 @@ def test_plan_lists_only_reachable_shapes(model_dir, tmp_path):
     seen = run_trainer("rloo", model_dir, tmp_path, args, rounds)
     plan = planned("rloo", model_dir, args, facts)
     assert seen == plan, f"missed: {sorted(seen - plan)}; never produced: {sorted(plan - seen)}"
+
+
+@pytest.mark.slow
+def test_under_torch_compile_the_compiled_signatures_are_what_compiles(model_dir, tmp_path):
+    """As in GRPO: the training forward and the reference copy compile; generation, the old log-probs (on the
+    bare policy, every round in RLOO) and evaluate()'s loss run eagerly, listed as eager."""
+    args = {
+        **BASE,
+        "max_completion_length": 8,
+        "eval_strategy": "steps",
+        "eval_steps": 2,
+        "per_device_eval_batch_size": 2,
+        "max_steps": 2,
+        "torch_compile": True,
+    }
+    facts = {"min_prompt_tokens": 5, "max_prompt_tokens": 16, "num_eval_examples": 1}
+    run = record("rloo", model_dir, tmp_path, args, [(5, 8), (16, 8)], [(10, 8)], torch_compile=True)
+    plan = plan_for("rloo", model_dir, args, facts)
+    assert run.seen == planned_shapes(plan), f"missed: {sorted(run.seen - planned_shapes(plan))}"
+    assert run.compiled == compiled_shapes(plan) == {("train", 2, 32, None), ("ref", 2, 32, None)}
+    assert phases(run.seen - run.compiled) == {"old_logps", "eval"} | GENERATION

@@ -8,13 +8,22 @@ nothing the run cannot produce.
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
 
-from tests.support.shape_recorder import ShapeRecorder, planned_shapes
+from tests.support.shape_recorder import (
+    DYNAMO_EAGER,
+    ShapeRecorder,
+    check_compiled,
+    compiled_shapes,
+    compiling,
+    planned_shapes,
+)
 from tests.support.tiny_model import init_model
 from warmup.planner import plan_spec
+from warmup.signature import Plan
 from warmup.spec import load_spec
 
 CPU_ARGS = {
@@ -27,6 +36,18 @@ CPU_ARGS = {
 
 
 def run_sft(model_dir, tmp_path, args: dict, train_lengths: list[int], eval_lengths: list[int] | None = None):
+    return record_sft(model_dir, tmp_path, args, train_lengths, eval_lengths).seen
+
+
+def record_sft(
+    model_dir,
+    tmp_path,
+    args: dict,
+    train_lengths: list[int],
+    eval_lengths: list[int] | None = None,
+    *,
+    torch_compile: bool = False,
+) -> ShapeRecorder:
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
@@ -36,21 +57,29 @@ def run_sft(model_dir, tmp_path, args: dict, train_lengths: list[int], eval_leng
             {"input_ids": [[10 + (offset + i) % 150] * n for i, n in enumerate(lengths)]}
         )
 
-    config = SFTConfig(output_dir=str(tmp_path / "out"), **CPU_ARGS, **args)
-    trainer = SFTTrainer(
-        model=init_model(model_dir),
-        args=config,
-        train_dataset=dataset(train_lengths, 0),
-        eval_dataset=dataset(eval_lengths, 7) if eval_lengths else None,
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
-    )
+    compile_args = DYNAMO_EAGER if torch_compile else {}
+    config = SFTConfig(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **args, **compile_args})
     recorder = ShapeRecorder()
-    recorder.attach(trainer.model)
-    trainer.train()
-    return recorder.seen
+    with compiling(recorder) if torch_compile else contextlib.nullcontext():
+        trainer = SFTTrainer(
+            model=init_model(model_dir),
+            args=config,
+            train_dataset=dataset(train_lengths, 0),
+            eval_dataset=dataset(eval_lengths, 7) if eval_lengths else None,
+            processing_class=AutoTokenizer.from_pretrained(model_dir),
+        )
+        recorder.attach(trainer.model)
+        trainer.train()
+    if torch_compile:
+        check_compiled(trainer.model_wrapped)
+    return recorder
 
 
 def sft_plan(model_dir, args: dict, data: dict):
+    return planned_shapes(full_sft_plan(model_dir, args, data))
+
+
+def full_sft_plan(model_dir, args: dict, data: dict) -> Plan:
     spec = load_spec(
         {
             "trainer": "sft",
@@ -60,7 +89,7 @@ def sft_plan(model_dir, args: dict, data: dict):
             "target": {"backend": "inductor", "device": "cpu"},
         }
     )
-    return planned_shapes(plan_spec(spec))
+    return plan_spec(spec)
 
 
 def test_plain_sft_random_data_is_covered(tiny_model_dir, tmp_path):
@@ -138,3 +167,33 @@ def test_bfd_packing_is_padding_free_and_covered(tiny_model_dir, tmp_path, strat
     planned = sft_plan(tiny_model_dir, args, {"num_train_examples": 20, "min_tokens": 5, "max_tokens": 30})
     assert {batch for _, batch, _, _ in seen} == {1}
     assert seen <= planned
+
+
+@pytest.mark.slow
+def test_under_torch_compile_training_compiles_and_eval_is_listed_eager(tiny_model_dir, tmp_path):
+    """The Trainer compiles the policy it trains; evaluate() calls the bare policy, which runs eagerly.
+
+    Every row pads to 32, so the run reaches every planned signature: train 2x32, eval 2x32 and 1x32.
+    """
+    args = {
+        "per_device_train_batch_size": 2,
+        "per_device_eval_batch_size": 2,
+        "max_length": 64,
+        "pad_to_multiple_of": 16,
+        "eval_strategy": "epoch",
+        "num_train_epochs": 1,
+        "torch_compile": True,
+    }
+    run = record_sft(tiny_model_dir, tmp_path, args, [20, 30, 17, 25], [18, 32, 24], torch_compile=True)
+    plan = full_sft_plan(
+        tiny_model_dir,
+        args,
+        {"num_train_examples": 4, "num_eval_examples": 3, "min_tokens": 17, "max_tokens": 32},
+    )
+    assert (
+        run.seen
+        == planned_shapes(plan)
+        == {("train", 2, 32, None), ("eval", 2, 32, None), ("eval", 1, 32, None)}
+    )
+    assert run.compiled == compiled_shapes(plan) == {("train", 2, 32, None)}
+    assert run.graphs > 0  # Dynamo's graph count works (the distillation test relies on it reading 0)

@@ -8,11 +8,19 @@ including those inside `generate`, the reference model's and the teacher's.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 from tests.support.completion_script import CompletionScript
-from tests.support.shape_recorder import Shape, ShapeRecorder, planned_shapes
+from tests.support.shape_recorder import (
+    DYNAMO_EAGER,
+    Shape,
+    ShapeRecorder,
+    check_compiled,
+    compiling,
+    planned_shapes,
+)
 from tests.support.tiny_model import init_model, words, write_tiny_model
 
 CPU_ARGS = {
@@ -49,6 +57,26 @@ def run_trainer(
     *,
     teacher_dir: Path | None = None,
 ) -> set[Shape]:
+    """Every forward shape a run of TRL's real trainer makes (see `record`)."""
+    return record(kind, model_dir, tmp_path, args, train, evals, teacher_dir=teacher_dir).seen
+
+
+def record(
+    kind: str,
+    model_dir: Path,
+    tmp_path: Path,
+    args: dict[str, Any],
+    train: list[Prompt],
+    evals: list[Prompt] | None = None,
+    *,
+    teacher_dir: Path | None = None,
+    torch_compile: bool = False,
+) -> ShapeRecorder:
+    """Train (and evaluate, as args say) with TRL's real trainer, recording every forward.
+
+    With `torch_compile`, the run compiles with Dynamo's eager backend and the recorder also notes which
+    forwards Dynamo traced.
+    """
     from datasets import Dataset
     from transformers import AutoTokenizer
 
@@ -66,29 +94,44 @@ def run_trainer(
         lengths = completion_lengths[token]
         return lengths[calls_before % len(lengths)] if isinstance(lengths, tuple) else lengths
 
-    trainer = _build(
-        kind,
-        model_dir,
-        teacher_dir,
-        {**CPU_ARGS, "output_dir": str(tmp_path / "out"), **args},
-        dataset(train, 0),
-        dataset(evals, EVAL_FIRST_WORD) if evals else None,
-        tokenizer,
-    )
+    config_args = {
+        **CPU_ARGS,
+        "output_dir": str(tmp_path / "out"),
+        **args,
+        **(DYNAMO_EAGER if torch_compile else {}),
+    }
     recorder = ShapeRecorder()
-    if kind == "distillation":
-        # The student and the teacher run their backbones only (`_get_last_hidden_state`), and their top-level
-        # modules are called with a redirected forward (`_forward_redirection`, no input_ids); the student's
-        # backbone also sees every forward of `generate`.
-        recorder.attach(trainer.model.base_model)
-        recorder.attach(trainer.teacher_model.base_model, role="teacher")
-    else:
-        recorder.attach(trainer.model)
-        if trainer.ref_model is not None:
-            recorder.attach(trainer.ref_model, role="ref")
-    CompletionScript(length_of, tokenizer.eos_token_id, tokenizer.pad_token_id).attach(trainer.model)
-    trainer.train()
-    return recorder.seen
+    with compiling(recorder) if torch_compile else contextlib.nullcontext():
+        trainer = _build(
+            kind,
+            model_dir,
+            teacher_dir,
+            config_args,
+            dataset(train, 0),
+            dataset(evals, EVAL_FIRST_WORD) if evals else None,
+            tokenizer,
+        )
+        if kind == "distillation":
+            # The student and the teacher run their backbones only (`_get_last_hidden_state`), and their top-level
+            # modules are called with a redirected forward (`_forward_redirection`, no input_ids); the student's
+            # backbone also sees every forward of `generate`.
+            recorder.attach(trainer.model.base_model)
+            recorder.attach(_traced(trainer.teacher_model).base_model, role="teacher")
+        else:
+            recorder.attach(trainer.model)
+            if trainer.ref_model is not None:
+                recorder.attach(_traced(trainer.ref_model), role="ref")
+        CompletionScript(length_of, tokenizer.eos_token_id, tokenizer.pad_token_id).attach(trainer.model)
+        trainer.train()
+    if torch_compile:
+        others = [trainer.teacher_model] if kind == "distillation" else [trainer.ref_model]
+        check_compiled(trainer.model_wrapped, *[module for module in others if module is not None])
+    return recorder
+
+
+def _traced(model):
+    """Under torch.compile accelerate hands back an OptimizedModule: the module inside is what Dynamo traces."""
+    return getattr(model, "_orig_mod", model)
 
 
 def _build(kind, model_dir, teacher_dir, config_args, train_dataset, eval_dataset, tokenizer):

@@ -8,8 +8,16 @@ from __future__ import annotations
 
 import contextlib
 
-from tests.support.shape_recorder import Shape, ShapeRecorder, planned_shapes
+from tests.support.shape_recorder import (
+    DYNAMO_EAGER,
+    Shape,
+    ShapeRecorder,
+    check_compiled,
+    compiling,
+    planned_shapes,
+)
 from tests.support.tiny_model import init_model, words
+from warmup.signature import Plan
 
 CPU_ARGS = {
     "use_cpu": True,
@@ -42,6 +50,13 @@ def unpaired(prompt: int, row: int, label: bool = True) -> dict:
 
 
 def run_trainer(
+    kind: str, model_dir, tmp_path, args: dict, train: list[dict], evals: list[dict] | None = None
+):
+    """Every forward shape a run of TRL's real trainer makes (see `record`)."""
+    return record(kind, model_dir, tmp_path, args, train, evals).seen
+
+
+def record(
     kind: str,
     model_dir,
     tmp_path,
@@ -49,13 +64,14 @@ def run_trainer(
     train: list[dict],
     evals: list[dict] | None = None,
     *,
-    compiled_only: bool = False,
-):
-    """Train (and evaluate, as args say) with TRL's real trainer; return every recorded forward shape.
+    torch_compile: bool = False,
+) -> ShapeRecorder:
+    """Train (and evaluate, as args say) with TRL's real trainer, recording every model forward.
 
     Reference forwards are recorded as "ref": those of the separate reference model, and those made
     on the policy while the trainer is built (precompute_ref_log_probs runs there). With
-    `compiled_only`, only the forwards torch.compile traces are recorded.
+    `torch_compile`, the run compiles with Dynamo's eager backend and the recorder also notes which
+    forwards Dynamo traced.
     """
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -66,47 +82,38 @@ def run_trainer(
         "kto": (KTOConfig, KTOTrainer),
         "reward": (RewardConfig, RewardTrainer),
     }[kind]
-    config = config_class(output_dir=str(tmp_path / "out"), **CPU_ARGS, **args)
+    compile_args = DYNAMO_EAGER if torch_compile else {}
+    config = config_class(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **args, **compile_args})
     policy = init_model(model_dir)
     extra = {}
     if kind != "reward" and not config.precompute_ref_log_probs:
         # TRL would load this copy from the policy's checkpoint; the test models have no weights on disk.
         extra["ref_model"] = init_model(model_dir, seed=1)
-    recorder = ShapeRecorder(compiled_only=compiled_only)
-    while_building = recorder.attach(policy, "ref")
-    trainer = trainer_class(
-        model=policy,
-        args=config,
-        train_dataset=Dataset.from_list(train),
-        eval_dataset=Dataset.from_list(evals) if evals else None,
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
-        **extra,
-    )
-    while_building.remove()
-    recorder.attach(trainer.model)
-    reference = getattr(trainer, "ref_model", None)
-    if reference is not None:
-        # Under torch.compile accelerate hands back an OptimizedModule: hook the module Dynamo traces.
-        recorder.attach(getattr(reference, "_orig_mod", reference), "ref")
-    with _one_graph_per_shape() if compiled_only else contextlib.nullcontext():
+    recorder = ShapeRecorder()
+    with compiling(recorder) if torch_compile else contextlib.nullcontext():
+        while_building = recorder.attach(policy, "ref")
+        trainer = trainer_class(
+            model=policy,
+            args=config,
+            train_dataset=Dataset.from_list(train),
+            eval_dataset=Dataset.from_list(evals) if evals else None,
+            processing_class=AutoTokenizer.from_pretrained(model_dir),
+            **extra,
+        )
+        while_building.remove()
+        recorder.attach(trainer.model)
+        reference = getattr(trainer, "ref_model", None)
+        if reference is not None:
+            # Under torch.compile accelerate hands back an OptimizedModule: hook the module Dynamo traces.
+            recorder.attach(getattr(reference, "_orig_mod", reference), "ref")
         trainer.train()
-    return recorder.seen
+    if torch_compile:
+        check_compiled(trainer.model_wrapped, *([reference] if reference is not None else []))
+    return recorder
 
 
-def _one_graph_per_shape():
-    """Dynamo settings under which every new shape is traced again, so the hooks see it.
-
-    Automatic dynamic shapes would fold a second shape into a symbolic graph without tracing (and
-    recording) it; Neuron compiles with dynamic=False anyway. Graphs of earlier runs are dropped.
-    """
-    import torch
-
-    torch._dynamo.reset()
-    return torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
-
-
-def plan_for(kind: str, model_dir, args: dict, data: dict, **target) -> set[Shape]:
-    """The planner's shapes for the same job (Inductor on CPU, eager: every forward is listed)."""
+def full_plan(kind: str, model_dir, args: dict, data: dict, **target) -> Plan:
+    """The planner's plan for the same job, on an Inductor target on CPU."""
     from warmup.planner import plan_spec
     from warmup.spec import load_spec
 
@@ -119,7 +126,12 @@ def plan_for(kind: str, model_dir, args: dict, data: dict, **target) -> set[Shap
             "target": {"backend": "inductor", "device": "cpu", **target},
         }
     )
-    return planned_shapes(plan_spec(spec))
+    return plan_spec(spec)
+
+
+def plan_for(kind: str, model_dir, args: dict, data: dict, **target) -> set[Shape]:
+    """The planner's shapes for the same job (every shape it lists, compiled or not)."""
+    return planned_shapes(full_plan(kind, model_dir, args, data, **target))
 
 
 def phases(shapes: set[Shape]) -> set[str]:

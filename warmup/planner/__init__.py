@@ -48,6 +48,7 @@ def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts |
     _target_warnings(builder)
     PLANNERS[spec.trainer](builder)
     _recompile_limit_warning(builder)
+    _nothing_compiles_warning(builder)
     return builder.build()
 
 
@@ -92,14 +93,15 @@ def _target_warnings(plan: PlanBuilder) -> None:
 
 
 def _recompile_limit_warning(plan: PlanBuilder) -> None:
-    """Dynamo silently runs eager past its recompile limit; count graphs per compiled model forward."""
-    if plan.args.compile_backend is None:
-        return
+    """Dynamo silently runs eager past its recompile limit; count the graphs it traces per model forward.
+
+    Only passes through the torch.compile wrapper count, on either backend: generation, eval and the other
+    bare-policy passes are not torch.compile frames (on Neuron they compile as eager TorchNeuron ops).
+    """
     per_model: dict[str, int] = {}
-    for signature in plan.signatures.values():
-        # Generation never goes through Dynamo (TRL passes disable_compile=True).
-        if signature.compile != "eager" and not signature.phase.startswith("generate_"):
-            per_model[signature.model] = per_model.get(signature.model, 0) + 1
+    for key in plan.dynamo_keys:
+        model = plan.signatures[key].model
+        per_model[model] = per_model.get(model, 0) + 1
     most = max(per_model.values(), default=0)
     if most > DYNAMO_DEFAULT_RECOMPILE_LIMIT:
         plan.warn(
@@ -107,6 +109,18 @@ def _recompile_limit_warning(plan: PlanBuilder) -> None:
             f"({DYNAMO_DEFAULT_RECOMPILE_LIMIT}): past it new shapes silently run eager; call "
             "warmup.activate() in the training process (it raises the limit to the plan's size) or set "
             f"torch._dynamo.config.recompile_limit >= {most}"
+        )
+
+
+def _nothing_compiles_warning(plan: PlanBuilder) -> None:
+    """torch_compile on under Inductor, yet no pass goes through the compiled wrapper: nothing to warm."""
+    if plan.spec.target.backend != "inductor" or plan.args.compile_backend is None:
+        return
+    if plan.signatures and not plan.dynamo_keys:
+        plan.warn(
+            f"torch_compile is on, but TRL's {plan.spec.trainer} trainer calls no module through the torch.compile "
+            "wrapper (every listed pass is labelled eager), so under Inductor the job compiles nothing and there "
+            "is nothing to warm"
         )
 
 

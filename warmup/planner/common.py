@@ -12,13 +12,23 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 from warmup.errors import PlanTooLargeError
 from warmup.model_facts import ModelFacts
 from warmup.signature import Phase, Plan, SettingValue, Signature
 from warmup.spec import DataFacts, Spec
 from warmup.trl_args import TrainerArgs
+
+# Which module TRL calls for a pass, which decides whether torch.compile (Inductor) compiles it:
+# - "wrapped": a module accelerate prepared, so wrapped in torch.compile when torch_compile is on: the policy as
+#   the Trainer passes it to compute_loss while training, and separate reference / teacher copies prepared at init;
+# - "bare": the policy module itself, outside that wrapper: the evaluation loop (transformers 5.24 evaluates
+#   `self.model`), reference precompute (in __init__), the PEFT reference and GRPO / RLOO old log-probs (TRL calls
+#   `self.model`), and DistillationTrainer's forwards (its `_forward_redirection` patches the wrapper's forward);
+# - "generate": the forwards inside `generate`, which TRL calls with `disable_compile=True` on the unwrapped module.
+# Under Inductor only "wrapped" passes compile; on Neuron every pass compiles (TorchNeuron compiles eager ops too).
+RunsOn = Literal["wrapped", "bare", "generate"]
 
 # A spec that plans more than this many signatures is refused: no warm-up budget covers it, and it
 # almost always means padding is off.
@@ -103,6 +113,8 @@ class PlanBuilder:
     teacher: ModelFacts | None = None
     signatures: dict[str, Signature] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
+    # Keys of the signatures Dynamo traces, on either backend: what its recompile limit counts.
+    dynamo_keys: set[str] = dataclasses.field(default_factory=set)
 
     @property
     def multiple(self) -> int | None:
@@ -122,20 +134,17 @@ class PlanBuilder:
         """The policy's weight dtype as TRL loads it (model_init_kwargs dtype; TRL's default float32)."""
         return _weight_dtype(self.args.model_init_kwargs, self.model)
 
-    @property
-    def compile_label(self) -> str:
+    def through_dynamo(self, runs_on: RunsOn) -> bool:
+        """Whether Dynamo traces the pass: torch_compile is on and TRL calls the module accelerate wrapped."""
+        return self.args.compile_backend is not None and runs_on == "wrapped"
+
+    def _compile_label_for(self, runs_on: RunsOn) -> str:
+        """The one rule for a signature's `compile` label; "eager" means nothing compiles, nothing to warm."""
         if self.spec.target.backend == "neuron":
             return "neuron"  # TorchNeuron compiles eager ops and torch.compile graphs alike
-        if self.args.compile_backend is None:
-            return "eager"
+        if not self.through_dynamo(runs_on):
+            return "eager"  # Inductor compiles only what Dynamo traces
         return f"inductor:{self.args.compile_mode}" if self.args.compile_mode else "inductor"
-
-    def _compile_label_for(self, phase: Phase) -> str:
-        # TRL generates with `disable_compile=True` and calls the unwrapped module, so under Inductor the
-        # forwards inside `generate` run eager even with torch_compile on; TorchNeuron compiles them all the same.
-        if phase.startswith("generate_") and self.spec.target.backend == "inductor":
-            return "eager"
-        return self.compile_label
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:
@@ -151,8 +160,14 @@ class PlanBuilder:
         model: ModelFacts | None = None,
         gradient_checkpointing: bool | None = None,
         settings: dict[str, SettingValue] | None = None,
+        runs_on: RunsOn = "wrapped",
     ) -> None:
-        """Add one signature; graph settings come from the spec unless given."""
+        """Add one signature; graph settings come from the spec unless given.
+
+        `runs_on` says which module TRL calls for this pass (see RunsOn); it decides the compile label.
+        """
+        if phase.startswith("generate_") != (runs_on == "generate"):
+            raise ValueError(f"phase {phase} with runs_on {runs_on!r}: generate_* phases run inside generate")
         model = model or self.model
         if gradient_checkpointing is None:
             # Only the training forward checkpoints; forward-only passes turn it off (TRL does so for ref/old).
@@ -168,7 +183,7 @@ class PlanBuilder:
             autocast=self.args.autocast,
             gradient_checkpointing=gradient_checkpointing,
             frozen=graph_hash(self.spec.peft) if self.spec.peft else None,
-            compile=self._compile_label_for(phase),
+            compile=self._compile_label_for(runs_on),
             world_size=self.world_size,
             settings=settings or {},
         )
@@ -181,6 +196,8 @@ class PlanBuilder:
                     loc="args.pad_to_multiple_of",
                 )
             self.signatures[key] = signature
+        if self.through_dynamo(runs_on):
+            self.dynamo_keys.add(key)
 
     def add_many(self, phase: Phase, batches: Iterable[int], lengths: Iterable[int], **kwargs: Any) -> None:
         lengths = list(lengths)

@@ -6,6 +6,11 @@ prompts, prompts and completions are padded over that batch, and each micro-batc
 per_device_train_batch_size rows runs the student backbone (with grad) and the teacher backbone (without)
 on (B, P + C). Both backbones are called without their LM heads (`_get_last_hidden_state`); the heads are
 applied inside the chunked divergence loss. Evaluation generates per eval batch and runs both backbones on it.
+
+Under torch.compile on Inductor nothing compiles: `_forward_redirection` calls the student and the teacher
+through `accelerator.unwrap_model(...)`, which keeps the torch.compile wrapper (keep_torch_compile=True), and then
+patches that wrapper's own `forward`, so both backbones run eagerly (checked in the truth tests). On Neuron every
+pass compiles all the same.
 """
 
 from __future__ import annotations
@@ -34,6 +39,6 @@ def plan_distillation(plan: PlanBuilder) -> None:
     # beta and temperature shape the divergence loss, which TRL runs as the student's forward (_forward_redirection).
     student = {"beta": args.beta, "temperature": args.temperature}
     widths = rollouts.sequences
-    plan.add_many("train", [train_rows], widths, settings=student)
-    plan.add_many("eval", eval_rows, widths, settings=student)
-    plan.add_many("teacher", [train_rows, *eval_rows], widths, model=plan.teacher)
+    plan.add_many("train", [train_rows], widths, settings=student, runs_on="bare")
+    plan.add_many("eval", eval_rows, widths, settings=student, runs_on="bare")
+    plan.add_many("teacher", [train_rows, *eval_rows], widths, model=plan.teacher, runs_on="bare")

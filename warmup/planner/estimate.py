@@ -20,7 +20,7 @@ _ESTIMATES = {
 def estimate_seconds(signature: Signature, backend: str) -> float:
     """Estimated compile seconds of one signature on `backend` ("neuron" or "inductor")."""
     if backend == "inductor" and signature.compile == "eager":
-        return 0.0
+        return 0.0  # runs outside torch.compile: nothing to compile (on Neuron every pass compiles)
     table = _ESTIMATES[backend]
     if signature.phase in table:
         return table[signature.phase]

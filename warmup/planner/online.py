@@ -11,6 +11,10 @@ One generation round in TRL 1.16 (`_prepare_inputs`, `_generate_and_score_comple
 
 Evaluation does the same per eval batch: generate, the forward-only passes, then the loss without grad.
 
+Under torch.compile on Inductor only the training forward and a separate reference model's forwards (accelerate
+prepared it at init) compile: generation runs eager (`disable_compile=True`), and TRL computes the old log-probs on
+`self.model`, the bare policy, as it does the PEFT reference and as transformers' evaluation loop calls it.
+
 The generation helpers here are shared with the distillation planner. The spec cannot express the
 trainer's `tools`, `environment_factory`, `rollout_func` or model-based reward functions (they are
 trainer arguments, not config fields); the plan assumes none of them.
@@ -23,6 +27,7 @@ from collections.abc import Iterable
 
 from warmup.planner.common import (
     PlanBuilder,
+    RunsOn,
     evaluates,
     full_batch_reachable,
     padded_lengths,
@@ -106,12 +111,14 @@ def _plan_policy_optimization(
     widths = rollouts.sequences
     plan.add_many("train", [train_rows], widths, settings={**policy, **loss})
     if old_logps:
-        plan.add_many("old_logps", [train_rows], widths, settings=policy)
+        plan.add_many("old_logps", [train_rows], widths, settings=policy, runs_on="bare")
     # In eval the old log-probs pass runs in eval mode on the eval batch: the same graph as the eval loss forward.
-    plan.add_many("eval", eval_rows, widths, settings={**policy, **loss})
+    plan.add_many("eval", eval_rows, widths, settings={**policy, **loss}, runs_on="bare")
     if args.beta != 0.0:
         reference = {**forward, "lm_head_outputs": "log_probs"}
-        plan.add_many("ref", [train_rows, *eval_rows], widths, settings=reference)
+        # With PEFT there is no reference copy: TRL runs the bare policy with its adapter disabled.
+        runs_on: RunsOn = "bare" if plan.spec.peft else "wrapped"
+        plan.add_many("ref", [train_rows, *eval_rows], widths, settings=reference, runs_on=runs_on)
 
 
 def rollout_lengths(plan: PlanBuilder) -> Rollouts | None:
@@ -226,10 +233,10 @@ def _static_cache_generation(
         for prompt, smallest in first_size.items():
             for size in sizes:
                 if size >= smallest:
-                    plan.add("generate_prefill", rows, prompt, size, settings=settings)
+                    plan.add("generate_prefill", rows, prompt, size, settings=settings, runs_on="generate")
         if rollouts.max_new_tokens > 1:  # the first new token comes from the prefill
             for size in sizes:
-                plan.add("generate_decode", rows, 1, size, settings=settings)
+                plan.add("generate_decode", rows, 1, size, settings=settings, runs_on="generate")
     if plan.spec.target.backend != "neuron":
         return
     if len(sizes) > 1:
@@ -252,7 +259,7 @@ def _dynamic_cache_generation(
     """A DynamicCache grows by one token per decode step: only the prefill, from an empty cache, is fixed."""
     settings: dict[str, SettingValue] = {"cache_implementation": implementation or "dynamic"}
     # cache_len None: the prefill starts from an empty dynamic cache, so (rows, P) alone fixes its graph.
-    plan.add_many("generate_prefill", batches, rollouts.prompts, settings=settings)
+    plan.add_many("generate_prefill", batches, rollouts.prompts, settings=settings, runs_on="generate")
     if plan.spec.target.backend != "neuron":
         return  # under Inductor TRL's generation runs eager: nothing to compile either way
     longest = rollouts.prompts[-1] + rollouts.max_new_tokens - 1

@@ -34,11 +34,12 @@ itself before training) or "policy_adapter_disabled" (PEFT: the policy with its 
 in the mode of the loop that calls it).
 
 What compiles under torch.compile on Inductor: only the modules accelerate prepared, which are the
-policy as the Trainer wraps it when training starts and the separate reference copy (prepared at
-init). The bare policy runs eagerly wherever it is called: precompute (in __init__, before the
-policy is wrapped), the PEFT reference (TRL calls `self.model`) and evaluation (transformers 5.24's
-evaluation_loop uses `self.model` once a model is prepared). Those passes compile nothing there and
-are not listed; on Neuron every pass compiles, eager ops included.
+policy as the Trainer wraps it when training starts (the training forward, and KTO's KL forward) and the
+separate reference copy (prepared at init, so its forwards compile in the training loop and in evaluate()
+alike). The bare policy runs eagerly wherever it is called: precompute (in __init__, before the policy
+is wrapped), the PEFT reference (TRL calls `self.model`) and evaluation (transformers 5.24's
+evaluation_loop uses `self.model` once a model is prepared). Those passes are listed all the same, labelled
+`compile="eager"` (nothing to warm); on Neuron every pass compiles, eager ops included.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from __future__ import annotations
 from warmup.errors import SpecError
 from warmup.planner.common import (
     PlanBuilder,
+    RunsOn,
     evaluates,
     full_batch_reachable,
     padded_lengths,
@@ -107,8 +109,7 @@ def plan_dpo(plan: PlanBuilder) -> None:
         return
     eval_batch = args.per_device_eval_batch_size
     for examples in _batch_sizes(plan, eval_batch, "eval", drop_last=args.dataloader_drop_last):
-        if _bare_policy_compiles(plan):
-            plan.add_many("eval", [2 * examples], lengths(examples), settings=policy)
+        plan.add_many("eval", [2 * examples], lengths(examples), settings=policy, runs_on="bare")
         if not precompute:
             reference.add([2 * examples], lengths(examples), training=False)
     if precompute:
@@ -193,9 +194,9 @@ def plan_kto(plan: PlanBuilder) -> None:
             if split == "train":
                 plan.add_many("train", [rows], main_len, settings=main)
                 plan.add_many("old_logps", [rows], kl_len, settings=kl_settings)
-            elif _bare_policy_compiles(plan):
-                plan.add_many("eval", [rows], main_len, settings=main)
-                plan.add_many("eval", [rows], kl_len, settings=kl_settings)
+            else:
+                plan.add_many("eval", [rows], main_len, settings=main, runs_on="bare")
+                plan.add_many("eval", [rows], kl_len, settings=kl_settings, runs_on="bare")
             if not args.precompute_ref_log_probs:
                 reference.add([rows], main_len + kl_len, training=split == "train")
 
@@ -273,10 +274,12 @@ def plan_reward(plan: PlanBuilder) -> None:
         ("train", args.per_device_train_batch_size),
         ("eval", args.per_device_eval_batch_size),
     ):
-        if split == "eval" and not (evaluates(plan) and _bare_policy_compiles(plan)):
+        if split == "eval" and not evaluates(plan):
             return
+        runs_on: RunsOn = "wrapped" if split == "train" else "bare"  # evaluate() calls the bare model
         for examples in _batch_sizes(plan, batch, split, drop_last=args.dataloader_drop_last):
-            plan.add_many(split, [2 * examples], _lengths(plan, 2 * examples, longest), settings=settings)
+            rows = 2 * examples
+            plan.add_many(split, [rows], _lengths(plan, rows, longest), settings=settings, runs_on=runs_on)
 
 
 # --- shared ---------------------------------------------------------------------------------------
@@ -296,7 +299,7 @@ class _Reference:
         if self.peft:
             self._add_on_policy(batches, lengths, "policy_adapter_disabled", training)
         else:
-            # The separate copy is loaded in eval mode and stays there.
+            # The separate copy is loaded in eval mode and stays there; accelerate prepared it at init.
             self.plan.add_many(
                 "ref", batches, lengths, settings={"reference": "ref_model", "training": False}
             )
@@ -306,19 +309,8 @@ class _Reference:
         self._add_on_policy(batches, lengths, "policy_adapter_disabled" if self.peft else "policy", False)
 
     def _add_on_policy(self, batches: list[int], lengths: list[int], reference: str, training: bool) -> None:
-        if not _bare_policy_compiles(self.plan):
-            return
         settings: Settings = {"reference": reference, "training": training, **self.policy_outputs}
-        self.plan.add_many("ref", batches, lengths, settings=settings)
-
-
-def _bare_policy_compiles(plan: PlanBuilder) -> bool:
-    """Whether a forward of the policy itself, not of the module the Trainer wraps, compiles.
-
-    Under Inductor torch.compile wraps the policy when training starts; precompute, the PEFT
-    reference and the evaluation loop call the bare module, which runs eagerly.
-    """
-    return not (plan.spec.target.backend == "inductor" and plan.args.compile_backend)
+        self.plan.add_many("ref", batches, lengths, settings=settings, runs_on="bare")
 
 
 def _common_settings(plan: PlanBuilder) -> Settings:

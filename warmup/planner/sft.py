@@ -1,16 +1,23 @@
-"""SFTTrainer: plain, wrapped packing, and padding-free (bfd packing). trl-shapes.md sections 3 and 10.1-2."""
+"""SFTTrainer: plain, wrapped packing, and padding-free (bfd packing). trl-shapes.md sections 3 and 10.1-2.
+
+Training runs through the module the Trainer wrapped; evaluation calls the bare policy (transformers 5.24's
+evaluation_loop uses `self.model`), so under Inductor its signatures are listed as eager.
+"""
 
 from __future__ import annotations
 
 from warmup.errors import SpecError
 from warmup.planner.common import (
     PlanBuilder,
+    RunsOn,
     ceil_to,
+    evaluates,
     full_batch_reachable,
     padded_lengths,
     partial_batch,
     smallest_batch_max,
 )
+from warmup.signature import Phase
 
 
 def plan_sft(plan: PlanBuilder) -> None:
@@ -37,7 +44,7 @@ def plan_sft(plan: PlanBuilder) -> None:
         longest,
         settings,
     )
-    if _evaluates(plan):
+    if evaluates(plan):
         eval_packing = args.packing if args.eval_packing is None else args.eval_packing
         _shapes(
             plan,
@@ -72,19 +79,9 @@ def _longest_row(plan: PlanBuilder) -> int | None:
     return min(args.max_length, data_longest) if data_longest is not None else args.max_length
 
 
-def _evaluates(plan: PlanBuilder) -> bool:
-    strategy = str(getattr(plan.args.eval_strategy, "value", plan.args.eval_strategy))
-    if strategy == "no" and not plan.args.eval_on_start:
-        return False
-    if plan.data.num_eval_examples == 0:
-        plan.warn("evaluation is configured but data.num_eval_examples is 0: no eval shapes are listed")
-        return False
-    return True
-
-
 def _shapes(
     plan: PlanBuilder,
-    phase: str,
+    phase: Phase,
     batch: int,
     num_examples: int | None,
     packing: bool,
@@ -94,10 +91,11 @@ def _shapes(
     args = plan.args
     m = plan.multiple
     split = "train" if phase == "train" else "eval"
+    runs_on: RunsOn = "wrapped" if phase == "train" else "bare"
     if packing and _padding_free(plan):
         # All rows of a batch are concatenated into one row of their total length (trl-shapes.md 3.3).
         lengths = padded_lengths(min(smallest_batch_max(plan.data, 1), longest), batch * longest, m)
-        plan.add_many(phase, [1], lengths, settings=settings)
+        plan.add_many(phase, [1], lengths, settings=settings, runs_on=runs_on)
         plan.warn(
             "padding-free batches (bfd packing) pass data-dependent cu_seq_lens / max_length_q inputs; "
             "on Neuron prefer packing_strategy: wrapped or packing: false"
@@ -110,7 +108,7 @@ def _shapes(
         )
     if packing:
         # Wrapped packing: every row is max_length but one remainder row per map chunk.
-        plan.add(phase, batch, ceil_to(longest, m), settings=settings)
+        plan.add(phase, batch, ceil_to(longest, m), settings=settings, runs_on=runs_on)
         plan.warn(
             f"wrapped packing: a {split} batch made only of chunk-remainder rows is shorter than max_length and "
             "cannot be listed from the data facts; set dataloader_drop_last: true to drop the last partial batch"
@@ -132,4 +130,4 @@ def _shapes(
         )
     for rows in batches:
         lengths = padded_lengths(min(smallest_batch_max(plan.data, rows), longest), longest, m)
-        plan.add_many(phase, [rows], lengths, settings=settings)
+        plan.add_many(phase, [rows], lengths, settings=settings, runs_on=runs_on)
