@@ -48,7 +48,8 @@ class Signature(BaseModel):
     gradient_checkpointing: bool = Field(False, description="Activation checkpointing inside this graph.")
     frozen: str | None = Field(None, description="Hash of the PEFT config freezing the base weights, if any.")
     compile: str = Field(
-        description="Compile backend and mode, e.g. 'inductor', 'inductor:max-autotune', 'neuron'."
+        description="Compile backend and mode: 'inductor', 'inductor:max-autotune', 'neuron', or 'eager' for a "
+        "pass the target does not compile (listed because the job hits it; nothing to warm)."
     )
     world_size: PositiveInt = Field(1, description="Training processes; DDP changes the compiled graphs.")
     settings: dict[str, SettingValue] = Field(
