@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 
 from api.errors import BodySizeLimit, install_error_handlers
 from api.routes import blobs, coverage, health, manifests, plans, warmups
+from api.schemas import ManifestRequest
 from api.services import Services
 from api.settings import Settings
 from warmup import __version__
@@ -40,4 +43,23 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     for module in (health, plans, warmups, manifests, blobs, coverage):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+    _document_raw_bodies(app, [ManifestRequest])
     return app
+
+
+def _document_raw_bodies(app: FastAPI, models: list[type[BaseModel]]) -> None:
+    """Routes that read their body themselves (the manifest fast path) still document its schema."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                document = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(document.pop("$defs", {}))
+                components[model.__name__] = document
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

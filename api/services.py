@@ -78,6 +78,10 @@ class Services:
     tokens: TokenStore
     plans: TTLCache[str, Plan] = field(default_factory=lambda: TTLCache(1024, 3600.0))
     manifests: TTLCache[tuple[str, str], bytes] = field(default_factory=lambda: TTLCache(4096, 60.0))
+    # sha256 of a manifest request body -> the (spec key, toolchain key) it names
+    manifest_requests: TTLCache[bytes, tuple[str, str]] = field(
+        default_factory=lambda: TTLCache(16384, 3600.0)
+    )
     # Verified tokens, briefly: a pull makes many requests; a revocation takes effect within a minute.
     verified_tokens: TTLCache[str, frozenset[str]] = field(default_factory=lambda: TTLCache(1024, 60.0))
 

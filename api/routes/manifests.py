@@ -1,14 +1,24 @@
-"""POST /v1/manifests: what a pod installs for (spec, its toolchain), or why it cannot yet."""
+"""POST /v1/manifests: what a pod installs for (spec, its toolchain), or why it cannot yet.
+
+Pods ask for the same manifest over and over (every pod of every job start), so a complete
+manifest is answered from memory: the request body's hash finds the (spec, toolchain) it named, and
+that finds the serialized manifest, without parsing or planning the spec again.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from api.deps import ReadAccess, ServicesDep
 from api.schemas import ManifestRequest
+from api.services import Services
 from warmup.db.manifests import build_manifest
 from warmup.db.records import Keyed
 from warmup.errors import NotWarmedError, PartlyWarmedError, ToolchainMismatchError
@@ -18,12 +28,18 @@ from warmup.toolchain import Toolchain
 
 router = APIRouter(prefix="/v1", tags=["manifests"])
 
+_REQUEST_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ManifestRequest"}}},
+}
+
 
 @router.post(
     "/manifests",
     response_model=Manifest,
     dependencies=[ReadAccess],
     summary="The files a training pod installs",
+    openapi_extra={"requestBody": _REQUEST_BODY},
     responses={
         404: {"description": "not_warmed: no entry of this spec under this toolchain"},
         409: {
@@ -31,45 +47,59 @@ router = APIRouter(prefix="/v1", tags=["manifests"])
         },
     },
 )
-def get_manifest(body: ManifestRequest, services: ServicesDep) -> Response:
-    spec_key, toolchain_key = body.spec.key(), body.toolchain.key()
-    cached = services.manifests.get((spec_key, toolchain_key))
-    if cached is not None:
-        return Response(cached, media_type="application/json")
+async def get_manifest(request: Request, services: ServicesDep) -> Response:
+    raw = await request.body()
+    body_key = hashlib.sha256(raw).digest()
+    keys = services.manifest_requests.get(body_key)
+    if keys is not None:
+        cached = services.manifests.get(keys)
+        if cached is not None:
+            return Response(cached, media_type="application/json")
+    try:
+        body = ManifestRequest.model_validate_json(raw)
+    except ValidationError as error:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in error.errors(include_url=False)]
+        ) from None
+    payload, keys = await run_in_threadpool(_manifest, body, services)
+    services.manifest_requests.put(body_key, keys)
+    return Response(payload, media_type="application/json")
 
+
+def _manifest(body: ManifestRequest, services: Services) -> tuple[bytes, tuple[str, str]]:
+    keys = (body.spec.key(), body.toolchain.key())
+    cached = services.manifests.get(keys)
+    if cached is not None:
+        return cached, keys
     plan = services.plan(body.spec)
     labels = {s.key(): s.shape_label for s in plan.signatures}
-    job_id = services.repository.find_job(spec_key, toolchain_key)
-    if job_id is not None:  # the job's signatures include the misses training runs reported
-        status = services.repository.job_status(job_id)
-        keys = [s.key for s in status.signatures] if status else []
-        labels |= (
-            {s.key: Signature.model_validate(s.signature).shape_label for s in status.signatures}
-            if status
-            else {}
-        )
+    job_id = services.repository.find_job(*keys)
+    status = services.repository.job_status(job_id) if job_id is not None else None
+    if status is not None:  # the job's signatures include the misses training runs reported
+        signature_keys = [s.key for s in status.signatures]
+        labels |= {s.key: Signature.model_validate(s.signature).shape_label for s in status.signatures}
     else:  # never submitted for this toolchain: entries from other specs may still cover it
-        keys = [s.key() for s in plan.signatures if s.compile != "eager"]
+        signature_keys = [s.key() for s in plan.signatures if s.compile != "eager"]
     manifest = build_manifest(
         services.repository,
         services.store,
-        spec_key=spec_key,
+        spec_key=keys[0],
         toolchain=Keyed.of(body.toolchain),
-        signature_keys=keys,
+        signature_keys=signature_keys,
         plan_size=len(plan.signatures),
         presign_expiry_s=services.settings.presign_expiry_s,
     )
     if manifest.missing and not manifest.signatures:
-        _raise_mismatch_or_not_warmed(services, body.toolchain, keys)
+        _raise_mismatch_or_not_warmed(services, body.toolchain, signature_keys)
     if manifest.missing and not body.allow_partial:
         raise PartlyWarmedError([labels.get(k, k[:12]) for k in manifest.missing])
     payload = json.dumps(manifest.model_dump(mode="json")).encode()
     if not manifest.missing:
-        services.manifests.put((spec_key, toolchain_key), payload)
-    return Response(payload, media_type="application/json")
+        services.manifests.put(keys, payload)
+    return payload, keys
 
 
-def _raise_mismatch_or_not_warmed(services: ServicesDep, toolchain: Toolchain, keys: list[str]) -> None:
+def _raise_mismatch_or_not_warmed(services: Services, toolchain: Toolchain, keys: list[str]) -> None:
     others = services.repository.toolchains_with_entries(keys)
     if others:
         closest = max(others, key=lambda key: others[key])
