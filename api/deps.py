@@ -18,25 +18,33 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
+def authorize(services: Services, token: str | None, scope: str) -> None:
+    """Raise AuthError unless auth is off or `token` is live and grants `scope`."""
+    if not services.settings.auth_required:
+        return
+    if not token:
+        raise AuthError(
+            "missing bearer token: pass 'Authorization: Bearer <token>' (WARMUP_TOKEN)", status=401
+        )
+    scopes = services.token_scopes(token)
+    if scopes is None:
+        raise AuthError("unknown or revoked token", status=401)
+    if not grants(scopes, scope):
+        raise AuthError(
+            f"this token lacks the {scope!r} scope (it has: {', '.join(sorted(scopes))})", status=403
+        )
+
+
+def bearer_token(request: Request) -> str | None:
+    kind, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if kind.lower() == "bearer" else None
+
+
 def require(scope: str):
     """A dependency that lets the request through when auth is off or its token grants `scope`."""
 
     def check(request: Request, services: ServicesDep) -> None:
-        if not services.settings.auth_required:
-            return
-        header = request.headers.get("authorization", "")
-        kind, _, token = header.partition(" ")
-        if kind.lower() != "bearer" or not token:
-            raise AuthError(
-                "missing bearer token: pass 'Authorization: Bearer <token>' (WARMUP_TOKEN)", status=401
-            )
-        scopes = services.token_scopes(token.strip())
-        if scopes is None:
-            raise AuthError("unknown or revoked token", status=401)
-        if not grants(scopes, scope):
-            raise AuthError(
-                f"this token lacks the {scope!r} scope (it has: {', '.join(sorted(scopes))})", status=403
-            )
+        authorize(services, bearer_token(request), scope)
 
     return Depends(check)
 
