@@ -43,7 +43,7 @@ _SECRETS = [
     # Query parameters that are credentials: ?token= for the status page, presigned-URL signatures.
     (
         re.compile(
-            r"(?i)([?&](?:token|access_token|x-amz-signature|x-amz-security-token|x-amz-credential)=)[^&\s\"']+"
+            r"(?i)([?&](?:token|access_token|signature|x-amz-signature|x-amz-security-token|x-amz-credential)=)[^&\s\"']+"
         ),
         rf"\1{REDACTED}",
     ),
