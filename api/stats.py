@@ -13,7 +13,7 @@ import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 from sqlalchemy import Engine, and_, case, func, select
 from sqlalchemy.sql.elements import ColumnElement
@@ -21,7 +21,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from warmup.db import models as m
 from warmup.db.columns import db_now
 from warmup.db.engine import make_sessionmaker
-from warmup.db.records import job_state
+from warmup.db.records import JobState, job_state
 from warmup.db.repository import signature_state
 from warmup.toolchain import Toolchain
 
@@ -80,7 +80,7 @@ class Stats:
     # --- jobs and tasks ----------------------------------------------------------------------
 
     def job_states(self) -> dict[str, int]:
-        """Jobs by state (ready, failed, running, queued, incomplete), the same rule as job status."""
+        """Jobs by state (every JobState), by the same rule as a job's status."""
         entry_id = m.Entry.id.isnot(None).label("has_entry")
         query = (
             select(m.JobSignature.job_id, entry_id, m.Task.state, func.count())
@@ -108,7 +108,7 @@ class Stats:
             jobs = session.execute(select(func.count()).select_from(m.Job)).scalar_one()
         states = Counter(job_state(dict(counts)) for counts in per_job.values())
         states["ready"] += jobs - len(per_job)  # a job with no signature has nothing left to do
-        return dict(states)
+        return {state: states[state] for state in get_args(JobState)}  # every state, zeros too
 
     def tasks(self) -> dict[tuple[str, str], int]:
         """(toolchain key, task state) -> number of tasks: queued and running are the queue depth."""
