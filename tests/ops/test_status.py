@@ -68,7 +68,7 @@ def busy(sqlite_url: str, tmp_path: Path) -> Iterator[tuple[Services, str]]:
     complete(services, B.key, 5.0, size=800_000)
 
     keys = [s.key for s in factories.signatures(4)]
-    for day, fresh in enumerate([4, 3, 3, 2, 1, 1, 0, 0]):
+    for fresh in [4, 3, 3, 2, 1, 1, 0, 0]:
         services.queue.record_coverage(ready.job_id, met=keys, missed=[], fresh_compiles=fresh)
     with services.engine.begin() as connection:  # spread the runs over the past week
         for report_id in range(1, 9):
