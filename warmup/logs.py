@@ -119,6 +119,18 @@ def _kv_value(value: Any) -> str:
     return json.dumps(text)
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is when a record comes (a test may have swapped it since)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
     """Send every logger (uvicorn's too, when it is started with log_config=None) to stderr in one
     format. Safe to call again: it replaces the handler it installed before."""
@@ -126,7 +138,7 @@ def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {fmt!r}")
     level = (level or os.environ.get(LEVEL_ENV) or "INFO").upper()
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(_Formatter(fmt))  # type: ignore[arg-type]
     handler.set_name("warmup")
     root = logging.getLogger()

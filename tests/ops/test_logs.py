@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,27 +37,26 @@ def test_redact_keeps_what_is_not_secret() -> None:
     assert redact(text) == text
 
 
+class Captured:
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self.capsys = capsys
+
+    def getvalue(self) -> str:
+        return self.capsys.readouterr().err
+
+
 @pytest.fixture
-def captured() -> Iterator[io.StringIO]:
-    """The root handler configure_logging installs, writing into a buffer."""
-    root = logging.getLogger()
-    before = list(root.handlers), root.level
-    stream = io.StringIO()
-    yield stream
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in before[0]:
-        root.addHandler(handler)
-    root.setLevel(before[1])
+def captured(capsys: pytest.CaptureFixture[str]) -> Captured:
+    """What the handler configure_logging installs writes to stderr (conftest puts the root back)."""
+    return Captured(capsys)
 
 
-def _install(fmt: str, stream: io.StringIO) -> None:
+def _install(fmt: str, captured: Captured) -> None:
     configure_logging(fmt, "INFO")
-    handler = next(h for h in logging.getLogger().handlers if h.get_name() == "warmup")
-    handler.setStream(stream)  # type: ignore[attr-defined]
+    captured.getvalue()  # start from here
 
 
-def test_json_lines_carry_context_and_redact_tracebacks(captured: io.StringIO) -> None:
+def test_json_lines_carry_context_and_redact_tracebacks(captured: Captured) -> None:
     _install("json", captured)
     log = logging.getLogger("warmup.test")
     with log_context(task_id=7, signature="abc123"):
@@ -78,7 +75,7 @@ def test_json_lines_carry_context_and_redact_tracebacks(captured: io.StringIO) -
     assert "task_id" not in third
 
 
-def test_kv_and_text_formats(captured: io.StringIO) -> None:
+def test_kv_and_text_formats(captured: Captured) -> None:
     _install("kv", captured)
     with log_context(task_id=3):
         logging.getLogger("warmup.test").warning("token wu_0123456789abcdef leaked?")
@@ -92,7 +89,7 @@ def test_kv_and_text_formats(captured: io.StringIO) -> None:
         configure_logging("xml")
 
 
-def test_worker_log_lines_carry_the_task_id(sqlite_url: str, tmp_path: Path, captured: io.StringIO) -> None:
+def test_worker_log_lines_carry_the_task_id(sqlite_url: str, tmp_path: Path, captured: Captured) -> None:
     """The real worker loop, on a task no job needs any more (so it stops before compiling)."""
     _install("json", captured)
     engine = make_engine(sqlite_url)
