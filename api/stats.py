@@ -2,8 +2,8 @@
 
 Each read is one grouped query (no per-row work in Python except over its few result rows), so a
 scrape stays cheap however many tasks and entries there are. The exception is compile seconds
-saved, which needs each coverage report's signatures: reports never change once written, so each is
-computed once and remembered.
+saved, which needs each coverage report's signatures: reports never change once written, so the
+total is kept running and each report is read once.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, get_args
 from sqlalchemy import Engine, and_, case, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from api.services import TTLCache
 from warmup.db import models as m
 from warmup.db.columns import db_now
 from warmup.db.engine import make_sessionmaker
@@ -29,6 +30,18 @@ from warmup.toolchain import Toolchain
 # GRPO static-cache size on Trainium).
 DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
 CHUNK = 500
+REPORT_WINDOW = 1000
+
+# A coverage report with its job's toolchain: what its seconds saved are computed from.
+_REPORTS = select(
+    m.CoverageReport.id,
+    m.CoverageReport.job_id,
+    m.CoverageReport.created_at,
+    m.CoverageReport.met,
+    m.CoverageReport.missed,
+    m.CoverageReport.fresh_compiles,
+    m.Job.toolchain_key,
+).join(m.Job, m.Job.id == m.CoverageReport.job_id)
 
 
 @dataclass(frozen=True)
@@ -74,8 +87,11 @@ class Stats:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = make_sessionmaker(engine)
-        self._saved: dict[int, float] = {}  # coverage report id -> compile seconds it saved
+        self._saved: TTLCache[int, float] = TTLCache(1024, 24 * 3600.0)  # report id -> seconds saved
         self._lock = threading.Lock()
+        self._saved_total = 0.0
+        self._high_water = 0  # the highest report id counted in _saved_total
+        self._counted: set[int] = set()  # counted ids within REPORT_WINDOW of it
 
     # --- jobs and tasks ----------------------------------------------------------------------
 
@@ -201,27 +217,11 @@ class Stats:
 
     # --- coverage ----------------------------------------------------------------------------
 
-    def coverage(self, limit: int | None = None) -> list[CoveragePoint]:
-        """Reports of training runs, oldest first (the newest `limit` of them), with the compile
-        seconds each one saved: the compile seconds of the entries of the signatures it met warm."""
-        query = (
-            select(
-                m.CoverageReport.id,
-                m.CoverageReport.job_id,
-                m.CoverageReport.created_at,
-                m.CoverageReport.met,
-                m.CoverageReport.missed,
-                m.CoverageReport.fresh_compiles,
-                m.Job.toolchain_key,
-            )
-            .join(m.Job, m.Job.id == m.CoverageReport.job_id)
-            .order_by(m.CoverageReport.id.desc())
-        )
-        if limit is not None:
-            query = query.limit(limit)
+    def coverage(self, limit: int) -> list[CoveragePoint]:
+        """The newest `limit` reports of training runs, oldest first, with the compile seconds each
+        one saved: the compile seconds of the entries of the signatures it met warm."""
         with self._sessions() as session:
-            rows = list(reversed(session.execute(query).all()))
-        saved = self._seconds_saved(rows)
+            rows = session.execute(_REPORTS.order_by(m.CoverageReport.id.desc()).limit(limit)).all()
         return [
             CoveragePoint(
                 id=row.id,
@@ -230,38 +230,57 @@ class Stats:
                 met=len(row.met),
                 missed=len(row.missed),
                 fresh_compiles=row.fresh_compiles,
-                seconds_saved=saved[row.id],
+                seconds_saved=self._seconds_saved(row),
             )
-            for row in rows
+            for row in reversed(rows)
         ]
 
     def coverage_totals(self) -> tuple[int, int, float]:
-        """(reports, fresh compiles they reported, compile seconds they saved), over all reports."""
+        """(reports, fresh compiles they reported, compile seconds they saved), over all reports.
+
+        Reports never change, so the seconds saved are a running total: each call adds the reports
+        it has not counted yet. Ids up to REPORT_WINDOW below the highest counted one are looked at
+        again, for reports whose transaction committed after a later one's."""
+        # One session at a time: on SQLite every transaction takes the database lock.
         with self._sessions() as session:
             reports, fresh = session.execute(
                 select(func.count(), func.coalesce(func.sum(m.CoverageReport.fresh_compiles), 0))
             ).one()
-        points = self.coverage()  # remembered per report: only new reports cost a query
-        return int(reports), int(fresh), sum(p.seconds_saved for p in points)
-
-    def _seconds_saved(self, rows: list[Any]) -> dict[int, float]:
-        with self._lock:
-            new = [row for row in rows if row.id not in self._saved]
-        for row in new:
-            warm = sorted(set(row.met) - set(row.missed))
-            total = 0.0
+        with self._lock:  # one caller at a time moves the running total
             with self._sessions() as session:
-                for start in range(0, len(warm), CHUNK):
-                    total += session.execute(
-                        select(func.coalesce(func.sum(m.Entry.compile_seconds), 0.0)).where(
-                            m.Entry.toolchain_key == row.toolchain_key,
-                            m.Entry.signature_key.in_(warm[start : start + CHUNK]),
-                        )
-                    ).scalar_one()
-            with self._lock:
-                self._saved[row.id] = float(total)
-        with self._lock:
-            return {row.id: self._saved[row.id] for row in rows}
+                ids = session.execute(
+                    select(m.CoverageReport.id).where(m.CoverageReport.id > self._high_water - REPORT_WINDOW)
+                ).scalars()
+                new = sorted(set(ids) - self._counted)
+                rows = [
+                    row
+                    for start in range(0, len(new), CHUNK)
+                    for row in session.execute(
+                        _REPORTS.where(m.CoverageReport.id.in_(new[start : start + CHUNK]))
+                    )
+                ]
+            self._saved_total += sum(self._seconds_saved(row) for row in rows)
+            self._high_water = max([self._high_water, *new])
+            self._counted = {i for i in self._counted | set(new) if i > self._high_water - REPORT_WINDOW}
+            return int(reports), int(fresh), self._saved_total
+
+    def _seconds_saved(self, row: Any) -> float:
+        """What one report saved (remembered for the newest reports, which the status page shows)."""
+        known = self._saved.get(row.id)
+        if known is not None:
+            return known
+        warm = sorted(set(row.met) - set(row.missed))
+        total = 0.0
+        with self._sessions() as session:
+            for start in range(0, len(warm), CHUNK):
+                total += session.execute(
+                    select(func.coalesce(func.sum(m.Entry.compile_seconds), 0.0)).where(
+                        m.Entry.toolchain_key == row.toolchain_key,
+                        m.Entry.signature_key.in_(warm[start : start + CHUNK]),
+                    )
+                ).scalar_one()
+        self._saved.put(row.id, float(total))
+        return float(total)
 
     # --- helpers -----------------------------------------------------------------------------
 

@@ -68,6 +68,9 @@ def test_metrics_report_the_database(services: Services) -> None:
         client.get(f"/v1/blobs/{factories.fake_files(1)[0].sha256}")  # recorded, but no bytes: 404
         client.get("/v1/warmups")  # not a pull
         metrics = scrape(client)
+        # A later run: the running total of seconds saved adds it, and only it.
+        services.queue.record_coverage(ready.job_id, met=signatures, missed=[], fresh_compiles=0)
+        again = scrape(client)
 
     def value(name: str, **labels: str) -> float:
         return metrics[(name, tuple(sorted(labels.items())))]
@@ -116,6 +119,8 @@ def test_metrics_report_the_database(services: Services) -> None:
     seconds = {s.key: s.compile_seconds for s in status.signatures}
     assert sorted(seconds.values()) == [30.0, 90.0]
     assert value("warmup_compile_seconds_saved_total") == 120.0 + seconds[signatures[0]]
+    assert again[("warmup_compile_seconds_saved_total", ())] == 240.0 + seconds[signatures[0]]
+    assert again[("warmup_coverage_reports_total", ())] == 3
 
     assert value("warmup_pull_requests_total", kind="manifest", status="422") == 1
     assert value("warmup_pull_requests_total", kind="blob", status="404") == 1
