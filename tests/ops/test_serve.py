@@ -145,3 +145,37 @@ def test_logs_are_json_and_hold_no_secret(served: Served) -> None:
     access = [r["msg"] for r in records if r["logger"] == "uvicorn.access"]
     assert any('"GET /?token=*** HTTP/1.1" 200' in message for message in access), access
     assert any('"GET /v1/warmups HTTP/1.1" 401' in message for message in access), access
+
+
+def test_worker_entrypoint_runs_from_the_environment(sqlite_url: str, tmp_path: Path) -> None:
+    """The compose worker's command line, configured only by WARMUP_* variables as in the stack; with
+    nothing queued it registers, says it is ready, and exits (--exit-when-idle)."""
+    import yaml
+
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    argv = exec_form("worker.Dockerfile", "ENTRYPOINT") + compose["services"]["worker"]["command"]
+    env = {
+        **os.environ,
+        "WARMUP_DATABASE_URL": sqlite_url,
+        "WARMUP_STORE_URL": str(tmp_path / "blobs"),
+        "WARMUP_LOG_FORMAT": "json",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "warmup", *argv[1:], "--exit-when-idle"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    ready = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert any(r["logger"] == "warmup.worker" and "ready for inductor/cpu" in r["msg"] for r in ready), ready
+    helps = subprocess.run(
+        [sys.executable, "-m", "warmup", "worker", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert helps.returncode == 0 and "--concurrency" in helps.stdout
