@@ -25,6 +25,7 @@ from api.stats import CacheRow, CoveragePoint, Stats
 from warmup import __version__
 from warmup.cli import format_duration
 from warmup.db.records import JobStatus, SignatureStatus
+from warmup.db.repository import Repository
 from warmup.signature import Signature
 
 router = APIRouter(tags=["status"])
@@ -107,7 +108,7 @@ def status_page(
     return HTMLResponse(html, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
 
 
-def _spec_title(repository: Any, spec_key: str) -> str:
+def _spec_title(repository: Repository, spec_key: str) -> str:
     spec = repository.get_spec(spec_key)
     if spec is None:
         return spec_key[:12]
