@@ -10,10 +10,12 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from api.errors import BodySizeLimit, install_error_handlers
-from api.routes import blobs, coverage, health, manifests, plans, warmups
+from api.routes import blobs, coverage, health, manifests, metrics, plans, status, warmups
+from api.routes.metrics import Metrics, PullCounter
 from api.schemas import ManifestRequest
 from api.services import Services
 from api.settings import Settings
+from api.stats import Stats
 from warmup import __version__
 
 
@@ -24,7 +26,8 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = services is None
-        app.state.services = services or Services.start(settings)
+        if owned:
+            _attach(app, Services.start(settings))
         try:
             yield
         finally:
@@ -38,13 +41,20 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         lifespan=lifespan,
     )
     if services is not None:
-        app.state.services = services
+        _attach(app, services)
+    app.state.metrics = Metrics(lambda: app.state.stats)
     install_error_handlers(app)
-    for module in (health, plans, warmups, manifests, blobs, coverage):
+    for module in (health, plans, warmups, manifests, blobs, coverage, metrics, status):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+    app.add_middleware(PullCounter, metrics=app.state.metrics)
     _document_raw_bodies(app, [ManifestRequest])
     return app
+
+
+def _attach(app: FastAPI, services: Services) -> None:
+    app.state.services = services
+    app.state.stats = Stats(services.engine)
 
 
 def _document_raw_bodies(app: FastAPI, models: list[type[BaseModel]]) -> None:

@@ -19,29 +19,37 @@ async def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
+def authorize(services: Services, token: str | None, scope: str) -> None:
+    """Raise AuthError unless auth is off or `token` is live and grants `scope`."""
+    if not services.settings.auth_required:
+        return
+    if not token:
+        raise AuthError(
+            "missing bearer token: pass 'Authorization: Bearer <token>' (WARMUP_TOKEN)", status=401
+        )
+    scopes = services.token_scopes(token)
+    if scopes is None:
+        raise AuthError("unknown or revoked token", status=401)
+    if not grants(scopes, scope):
+        raise AuthError(
+            f"this token lacks the {scope!r} scope (it has: {', '.join(sorted(scopes))})", status=403
+        )
+
+
+def bearer_token(request: Request) -> str | None:
+    kind, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if kind.lower() == "bearer" else None
+
+
 def require(scope: str):
     """A dependency that lets the request through when auth is off or its token grants `scope`."""
 
-    # async, so that a request with a cached token never waits for a threadpool slot
+    # async, so that a request whose token is cached never waits for a threadpool slot
     async def check(request: Request, services: ServicesDep) -> None:
-        if not services.settings.auth_required:
-            return
-        header = request.headers.get("authorization", "")
-        kind, _, token = header.partition(" ")
-        if kind.lower() != "bearer" or not token:
-            raise AuthError(
-                "missing bearer token: pass 'Authorization: Bearer <token>' (WARMUP_TOKEN)", status=401
-            )
-        token = token.strip()
-        scopes = services.verified_tokens.get(token)
-        if scopes is None:
-            scopes = await run_in_threadpool(services.token_scopes, token)
-        if scopes is None:
-            raise AuthError("unknown or revoked token", status=401)
-        if not grants(scopes, scope):
-            raise AuthError(
-                f"this token lacks the {scope!r} scope (it has: {', '.join(sorted(scopes))})", status=403
-            )
+        token = bearer_token(request)
+        if services.settings.auth_required and token and services.verified_tokens.get(token) is None:
+            await run_in_threadpool(services.token_scopes, token)  # a database read: off the event loop
+        authorize(services, token, scope)
 
     return Depends(check)
 

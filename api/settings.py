@@ -46,6 +46,14 @@ class Settings(BaseSettings):
     lease_s: float = Field(120.0, gt=0, description="Task lease; workers heartbeat well within it.")
     max_signatures: int = Field(2048, ge=1, description="A spec planning more is refused.")
     public_url: str | None = Field(None, description="Base URL pods use to reach this server's blob route.")
+    log_format: Literal["text", "kv", "json"] = Field(
+        "text", description="Log lines as text, key=value or JSON (secrets are always redacted)."
+    )
+    log_level: str = Field("INFO", description="Level of the service's logs.")
+    metrics_public: bool = Field(
+        True,
+        description="/metrics answers without a token (aggregate numbers only); false: it needs 'read'.",
+    )
 
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:

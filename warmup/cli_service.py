@@ -1,4 +1,4 @@
-"""The service side of the `warmup` command: serve, worker, submit, toolchain, token.
+"""The service side of the `warmup` command: serve, worker, submit, toolchain, token, gc.
 
 Server packages (fastapi, sqlalchemy, boto3) are imported inside the commands that need them.
 """
@@ -26,16 +26,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser(
         "serve", help="run the service (embedded default: SQLite, local blobs, in-process worker)"
     )
-    serve.add_argument("--data-dir", type=Path, default=Path("./data"), help="SQLite file and blob directory")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    # Unset options fall back to WARMUP_* environment variables (api.settings.Settings), then defaults.
+    serve.add_argument("--data-dir", type=Path, help="SQLite file and blob directory (default ./data)")
+    serve.add_argument("--host", help="default 127.0.0.1")
+    serve.add_argument("--port", type=int, help="default 8000")
     serve.add_argument("--database-url", help="PostgreSQL URL instead of the SQLite file")
     serve.add_argument("--store", dest="store_url", help="s3://bucket/prefix instead of the blob directory")
     serve.add_argument(
         "--auth",
         choices=["required", "off", "auto"],
-        default="auto",
-        help="bearer tokens: 'auto' requires them unless listening on loopback only",
+        help="bearer tokens: 'auto' (default) requires them unless listening on loopback only",
     )
     serve.add_argument("--no-worker", action="store_true", help="do not run the in-process Inductor worker")
     serve.set_defaults(func=cmd_serve)
@@ -85,6 +85,35 @@ def register(sub: argparse._SubParsersAction) -> None:
         parser.add_argument("--database-url", default=os.environ.get("WARMUP_DATABASE_URL"))
     token.set_defaults(func=cmd_token)
 
+    gc = sub.add_parser(
+        "gc",
+        help="retention: remove entries unused for N days, then blobs no entry references (safe while "
+        "workers upload)",
+    )
+    gc.add_argument(
+        "--unused-days", type=float, required=True, help="remove entries no manifest listed for this long"
+    )
+    gc.add_argument(
+        "--data-dir", type=Path, help="embedded setup: the `warmup serve` data dir (SQLite + blobs)"
+    )
+    gc.add_argument("--database-url", default=os.environ.get("WARMUP_DATABASE_URL"))
+    gc.add_argument("--store", dest="store_url", default=os.environ.get("WARMUP_STORE_URL"))
+    gc.add_argument(
+        "--grace-hours",
+        type=float,
+        default=1.0,
+        help="blobs of removed entries stay this long for pods that just read a manifest; a later gc "
+        "removes them",
+    )
+    gc.add_argument(
+        "--orphan-age-hours",
+        type=float,
+        default=6.0,
+        help="store objects the database does not know are removed once this old (younger ones may "
+        "be uploads in progress)",
+    )
+    gc.set_defaults(func=cmd_gc)
+
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -124,26 +153,23 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
-    import logging
-
     import uvicorn
 
     from api.app import create_app
     from api.services import Services
     from api.settings import Settings
+    from warmup.logs import configure_logging, redact
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    given = {
+        name: getattr(ns, name)
+        for name in ("data_dir", "host", "port", "database_url", "store_url", "auth")
+        if getattr(ns, name) is not None
+    }
     try:
-        settings = Settings(
-            data_dir=ns.data_dir,
-            host=ns.host,
-            port=ns.port,
-            database_url=ns.database_url,
-            store_url=ns.store_url,
-            auth=ns.auth,
-        )
+        settings = Settings(**given)
     except ValueError as error:
-        raise WarmupError(f"refusing to start: {error}") from None
+        raise WarmupError(f"refusing to start: {redact(str(error))}") from None
+    configure_logging(settings.log_format, settings.log_level)
     services = Services.start(settings)
     worker = None
     if not ns.no_worker:
@@ -163,14 +189,23 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         threading.Thread(target=worker.run, name="embedded-worker", daemon=True).start()
     auth = "required" if settings.auth_required else "off"
     print(
-        f"trl-warmup on http://{ns.host}:{ns.port} (database {settings.resolved_database_url}, "
-        f"store {settings.resolved_store_url}, auth {auth}"
-        + (f", worker: {worker.toolchain.short}" if worker else ", no worker")
-        + ")",
+        redact(
+            f"trl-warmup on http://{settings.host}:{settings.port} (database {settings.resolved_database_url}, "
+            f"store {settings.resolved_store_url}, auth {auth}"
+            + (f", worker: {worker.toolchain.short}" if worker else ", no worker")
+            + ")"
+        ),
         file=sys.stderr,
     )
     try:
-        uvicorn.run(create_app(services=services), host=ns.host, port=ns.port, log_level="info")
+        # log_config=None: uvicorn's loggers go through ours (one format, secrets redacted).
+        uvicorn.run(
+            create_app(services=services),
+            host=settings.host,
+            port=settings.port,
+            log_config=None,
+            log_level=settings.log_level.lower(),
+        )
     finally:
         if worker is not None:
             worker.stop.set()
@@ -356,4 +391,50 @@ def cmd_token(ns: argparse.Namespace) -> int:
             print(f"revoked {token_id}", file=sys.stderr)
     finally:
         engine.dispose()
+    return 0
+
+
+# --- gc ---------------------------------------------------------------------------------------
+
+
+def cmd_gc(ns: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from api.settings import Settings
+    from warmup.db.engine import make_engine
+    from warmup.db.retention import collect_garbage, expire_entries
+    from warmup.logs import configure_logging, redact
+    from warmup.store import open_store
+
+    configure_logging()
+    if ns.unused_days <= 0:
+        raise WarmupError("--unused-days must be more than 0")
+    if ns.data_dir is None and not (ns.database_url and ns.store_url):
+        raise WarmupError(
+            "give --data-dir, or --database-url and --store (or WARMUP_DATABASE_URL and WARMUP_STORE_URL)"
+        )
+    locations = {"data_dir": ns.data_dir, "database_url": ns.database_url, "store_url": ns.store_url}
+    settings = Settings(**{k: v for k, v in locations.items() if v is not None})
+    url = settings.resolved_database_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise WarmupError(f"no database at {url}: point --data-dir at the directory `warmup serve` uses")
+    engine = make_engine(url)
+    try:
+        store = open_store(settings.resolved_store_url)
+        store.check()
+        expired = expire_entries(
+            engine, unused_for_s=ns.unused_days * 86400, blob_grace_s=ns.grace_hours * 3600
+        )
+        report = collect_garbage(engine, store, orphan_age_s=ns.orphan_age_hours * 3600)
+    except SQLAlchemyError as error:
+        first = str(error).splitlines()[0]
+        raise WarmupError(
+            f"cannot collect garbage in {redact(url)}: {redact(first)} (is it the service's database?)"
+        ) from None
+    finally:
+        engine.dispose()
+    print(
+        f"expired {expired} entries unused for {ns.unused_days:g} days; deleted {report.blobs_deleted} "
+        f"blobs ({report.bytes_freed} bytes); adopted {report.orphans_adopted} orphaned store objects"
+    )
     return 0

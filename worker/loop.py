@@ -32,6 +32,7 @@ from warmup.db.queue import TaskQueue
 from warmup.db.records import ClaimedTask, FileRef, Keyed
 from warmup.db.repository import Repository
 from warmup.errors import LeaseLostError, RehearsalError, WarmupError
+from warmup.logs import log_context
 from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
@@ -118,6 +119,12 @@ class Worker:
         return self.outcomes
 
     def process(self, task: ClaimedTask) -> TaskOutcome:
+        with log_context(
+            task_id=task.id, signature=task.signature_key[:12], worker_id=self.options.worker_id
+        ):
+            return self._process(task)
+
+    def _process(self, task: ClaimedTask) -> TaskOutcome:
         started = time.monotonic()
         signature = Signature.model_validate(task.signature)
         label = f"task {task.id} ({signature.shape_label})"
@@ -246,7 +253,12 @@ class Worker:
                 if not manifest.missing:
                     publish_manifest(self.store, manifest)
             except WarmupError as error:
-                log.warning("could not publish the manifest of job %s: %s", job_id, error)
+                log.warning(
+                    "could not publish the manifest of job %s: %s",
+                    job_id,
+                    error,
+                    extra={"job_id": str(job_id)},
+                )
 
 
 class _Heartbeat(threading.Thread):

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 from warmup.cli_service import add_worker_arguments
+from warmup.logs import configure_logging
 from worker.loop import Worker, WorkerOptions
 
 # NeuronCore groups per number of worker processes on a 4-core host (trn2.3xlarge at LNC=2).
@@ -55,7 +56,7 @@ def default_device(backend: str) -> str:
 
 
 def run(ns: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()  # WARMUP_LOG_FORMAT / WARMUP_LOG_LEVEL
     if ns.concurrency > 1:
         return supervise(ns)
     worker = Worker(options_from(ns))

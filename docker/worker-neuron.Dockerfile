@@ -1,0 +1,34 @@
+# syntax=docker/dockerfile:1
+# A warm-up worker for Trainium (TorchNeuron). A compiled graph hits only under the training pods'
+# toolchain (torch, torch-neuronx and neuronx-cc versions, compiler flags, LNC), so build it FROM the
+# image the training pods run: an AWS Neuron PyTorch training image, or your image built on one.
+# There is deliberately no default. From the repository root:
+#   docker build -f docker/worker-neuron.Dockerfile \
+#     --build-arg BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:<tag of your training image> \
+#     -t trl-warmup-worker-neuron .
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+COPY pyproject.toml README.md alembic.ini ./
+COPY warmup ./warmup
+COPY api ./api
+COPY worker ./worker
+COPY migrations ./migrations
+# Keep the image's torch and Neuron stack: they are pinned to what is installed, so pip fails
+# (rather than replacing them) if the project's pins disagree with the base image.
+RUN python -m pip freeze \
+        | grep -iE '^(torch|torch[-_]neuronx|torch[-_]xla|neuronx[-_]cc|libneuronxla)==' > /tmp/keep.txt \
+    || { echo "BASE_IMAGE has no torch: use an AWS Neuron PyTorch training image" >&2; exit 1; } \
+    && python -m pip install -c /tmp/keep.txt -e ".[worker]"
+
+# The Neuron device plugin hands the devices to the container; the DLC's default user is kept.
+ENV HF_HOME=/var/lib/warmup/hf
+# One process per NeuronCore group: `--concurrency 2` on a 4-core device gives cores 0,1 and 2,3.
+ENTRYPOINT ["warmup", "worker", "--backend", "neuron"]
