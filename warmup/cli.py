@@ -89,6 +89,102 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     return 0
 
 
+# --- warmup warm --------------------------------------------------------------------------------
+
+
+def format_size(size: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GB"
+
+
+class WarmProgress:
+    """Progress lines on stderr: unit i of n, elapsed time, and an estimate of the time left."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        self.finished_seconds: list[float] = []
+
+    def __call__(self, progress: Any) -> None:
+        elapsed = format_duration(progress.elapsed_s)
+        if progress.event == "planned":
+            empty = progress.signatures_done
+            line = f"warming {progress.signatures_total} signature(s) in {progress.units_total} run(s)"
+            if empty:
+                line += f"; {empty} compile nothing on this backend"
+            self._print(line)
+            return
+        unit = progress.unit
+        position = f"[{progress.units_done + (progress.event == 'started')}/{progress.units_total}]"
+        if progress.event == "started":
+            left = self._left(progress)
+            self._print(f"{position} {unit.label}: compiling ... elapsed {elapsed}{left}")
+            return
+        self.finished_seconds.append(max((r.run_seconds for r in progress.results), default=0.0))
+        first = progress.results[0]
+        detail = f"compile {first.compile_seconds:.1f}s, {len(first.files)} files, {format_size(first.size)}"
+        if first.status != "ok":
+            detail = first.note
+        left = self._left(progress)
+        self._print(f"{position} {unit.label}: {first.status} ({detail}); elapsed {elapsed}{left}")
+
+    def _left(self, progress: Any) -> str:
+        remaining = progress.units_total - progress.units_done
+        if not remaining or not self.finished_seconds:
+            return ""
+        average = sum(self.finished_seconds) / len(self.finished_seconds)
+        return f", about {format_duration(average * remaining)} left"
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+
+def cmd_warm(ns: argparse.Namespace) -> int:
+    from warmup.errors import RehearsalError
+    from warmup.rehearsal.local import warm_directory
+
+    spec = load_spec_from_args(ns)
+    report = warm_directory(
+        spec,
+        ns.cache_dir,
+        timeout_s=ns.timeout,
+        jobs=ns.jobs,
+        work_dir=ns.work_dir,
+        keep_work=ns.keep_work,
+        on_progress=WarmProgress(),
+    )
+    rows = []
+    for result in report.results:
+        status = "reused" if result.key in report.reused else result.status
+        rows.append(
+            (
+                result.signature.shape_label,
+                status,
+                f"{result.compile_seconds:.1f}",
+                len(result.files),
+                format_size(result.size),
+                result.note,
+            )
+        )
+    print(format_table(("signature", "status", "compile s", "files", "size", "note"), rows, right={2, 3, 4}))
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    failed = [r for r in report.results if r.status != "ok"]
+    if failed:
+        for result in failed:
+            print(f"\n--- {result.signature.shape_label}: {result.status}: {result.note}", file=sys.stderr)
+            if result.log_tail:
+                print(result.log_tail.rstrip()[-2000:], file=sys.stderr)
+        raise RehearsalError(
+            f"{len(failed)} of {len(report.results)} signature(s) did not warm; "
+            f"the others are in {report.cache_dir}"
+        )
+    print(f"\nwarmed {len(report.results)} signature(s) into {report.cache_dir}")
+    return 0
+
+
 # --- wiring -------------------------------------------------------------------------------------
 
 
@@ -102,6 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_arguments(plan)
     plan.add_argument("--format", choices=["table", "json"], default="table")
     plan.set_defaults(func=cmd_plan)
+
+    warm = sub.add_parser("warm", help="compile every signature of a job into a local cache directory")
+    add_spec_arguments(warm)
+    warm.add_argument("--cache-dir", required=True, help="cache directory to fill (a pod uses it directly)")
+    warm.add_argument("--timeout", type=float, default=1800.0, help="seconds one rehearsal run may take")
+    warm.add_argument("--jobs", type=int, default=1, help="rehearsal runs at once (each uses every core)")
+    warm.add_argument("--work-dir", help="scratch directory for the runs (default: next to the cache dir)")
+    warm.add_argument("--keep-work", action="store_true", help="keep the per-run directories and logs")
+    warm.set_defaults(func=cmd_warm)
     return parser
 
 

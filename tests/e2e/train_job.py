@@ -1,0 +1,184 @@
+"""A user's TRL training job, run in a fresh process by the proof tests and the benchmarks.
+
+    python tests/e2e/train_job.py --spec job.yaml --weights DIR --cache-dir CACHE --out result.json
+
+It does what a training script does: `warmup.activate(spec, cache_dir=...)` first, then the TRL
+trainer of the spec with the spec's own config fields, real weights loaded from `--weights` (not
+the warm-up's), and its own data: texts of varied lengths drawn with `--data-seed`, different from
+anything the warm-up built. It writes what happened: the compiles it still had to do, the batch
+shapes it met, and timings (process start, train() start, the end of each step).
+
+Without --cache-dir nothing is activated: a plain cold TRL run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROCESS_START = time.time()
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.e2e.tiny_model import words  # noqa: E402
+
+
+def texts_for_sft(rng: random.Random, count: int, low: int, high: int) -> list[dict[str, str]]:
+    # SFT appends EOS: a text of n words is n + 1 tokens
+    return [{"text": words(rng.randint(low - 1, high - 1), offset=rng.randint(0, 299))} for _ in range(count)]
+
+
+def prompts(rng: random.Random, count: int, low: int, high: int) -> list[dict[str, str]]:
+    return [{"prompt": words(rng.randint(low, high), offset=rng.randint(0, 299))} for _ in range(count)]
+
+
+def preferences(rng: random.Random, count: int, low: int, high: int) -> list[dict[str, str]]:
+    rows = []
+    for _ in range(count):
+        prompt = rng.randint(2, low - 2)
+        rows.append(
+            {
+                "prompt": words(prompt, offset=rng.randint(0, 299)),
+                # DPO appends EOS: prompt + completion + 1 tokens
+                "chosen": " " + words(rng.randint(low, high) - prompt - 1, offset=rng.randint(0, 299)),
+                "rejected": " " + words(rng.randint(low, high) - prompt - 1, offset=rng.randint(0, 299)),
+            }
+        )
+    return rows
+
+
+def length_reward(completions: list[Any], **_: Any) -> list[float]:
+    return [float(len(str(c))) for c in completions]
+
+
+def make_step_clock() -> Any:
+    """A TrainerCallback recording when train() starts and when each step ends."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.step_ends: list[float] = []
+            self.train_start: float | None = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.train_start = time.time()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.step_ends.append(time.time())
+
+    return StepClock()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", required=True)
+    parser.add_argument(
+        "--weights", required=True, help="model directory with weights (the user's checkpoint)"
+    )
+    parser.add_argument("--cache-dir", help="warmed cache to activate; none: a plain cold run")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--data-seed", type=int, default=1)
+    parser.add_argument("--plan-size", type=int, help="for trainers whose planner is not written yet")
+    parser.add_argument("--min-tokens", type=int, required=True)
+    parser.add_argument("--max-tokens", type=int, required=True)
+    ns = parser.parse_args(argv)
+
+    import warmup
+    from warmup.spec import load_spec
+
+    spec = load_spec(ns.spec)
+    activation = None
+    if ns.cache_dir:
+        activation = warmup.activate(spec, cache_dir=ns.cache_dir, plan_size=ns.plan_size)
+    activated = time.time()
+
+    import trl
+    from datasets import Dataset
+    from torch._dynamo.utils import counters
+
+    rng = random.Random(ns.data_seed)
+    config_cls = {
+        "sft": trl.SFTConfig,
+        "dpo": trl.DPOConfig,
+        "grpo": trl.GRPOConfig,
+        "reward": trl.RewardConfig,
+    }
+    trainer_cls = {
+        "sft": trl.SFTTrainer,
+        "dpo": trl.DPOTrainer,
+        "grpo": trl.GRPOTrainer,
+        "reward": trl.RewardTrainer,
+    }
+    batch = spec.args.get("per_device_train_batch_size", 8)
+    args = config_cls[spec.trainer](
+        **spec.args,
+        output_dir=str(Path(ns.out).parent / "trainer-out"),
+        max_steps=ns.steps,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        disable_tqdm=True,
+    )
+    shapes: list[tuple[int, ...]] = []
+    extra: dict[str, Any] = {}
+    if spec.trainer == "sft":
+        data = texts_for_sft(rng, batch * ns.steps, ns.min_tokens, ns.max_tokens)
+    elif spec.trainer == "dpo":
+        data = preferences(rng, batch * ns.steps, ns.min_tokens, ns.max_tokens)
+    elif spec.trainer == "grpo":
+        data = prompts(rng, args.generation_batch_size * ns.steps, ns.min_tokens, ns.max_tokens)
+        extra["reward_funcs"] = length_reward
+    else:
+        raise SystemExit(f"no job for {spec.trainer}")
+    clock = make_step_clock()
+    trainer = trainer_cls[spec.trainer](
+        model=ns.weights, args=args, train_dataset=Dataset.from_list(data), callbacks=[clock], **extra
+    )
+    if spec.trainer == "grpo":
+        forward = trainer._get_per_token_logps_and_entropies
+
+        def recording(model: Any, input_ids: Any, *a: Any, **k: Any) -> Any:
+            size = k.get("batch_size") or input_ids.size(0)
+            shapes.append((min(size, input_ids.size(0)), input_ids.size(1), int(model is trainer.ref_model)))
+            return forward(model, input_ids, *a, **k)
+
+        trainer._get_per_token_logps_and_entropies = recording
+    else:
+        collator = trainer.data_collator
+
+        def recording_collator(examples: list[Any]) -> Any:
+            out = collator(examples)
+            shapes.append(tuple(out["input_ids"].shape))
+            return out
+
+        trainer.data_collator = recording_collator
+    trainer.train()
+    end = time.time()
+    fresh = activation.fresh_compiles() if activation else None
+    result = {
+        "process_start": PROCESS_START,
+        "activated": activated,
+        "train_start": clock.train_start,
+        "step_ends": clock.step_ends,
+        "end": end,
+        "shapes": shapes,
+        "fresh_compiles": None
+        if fresh is None
+        else {**dict(fresh.counts), "new_files": list(fresh.new_files)},
+        "counters": {
+            group: dict(counters[group])
+            for group in ("inductor", "aot_autograd", "stats")
+            if group in counters
+        },
+    }
+    Path(ns.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

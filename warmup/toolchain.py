@@ -1,0 +1,334 @@
+"""The toolchain: the facts of an environment that must match for a compile cache hit.
+
+A warm-up worker and a training pod each compute their toolchain with `current_toolchain(backend,
+device)`; the cache built by one is only used by the other when the two are equal. `key()` names a
+toolchain (sha256 of its canonical JSON) and `diff()` names the fields that differ, which is what
+`ToolchainMismatchError` reports.
+
+What goes in, and why (see shared/notes):
+- torch version and `torch_key` (a hash of every torch source file: Inductor's keys contain it);
+- transformers, trl, accelerate: they decide which graphs a trainer produces;
+- Python version: not in Inductor's key, but in Dynamo's precompile checks and in pickled entries;
+- triton, CUDA version and GPU name on CUDA;
+- on CPU, the vector ISA Inductor picks and the thread count: the ISA is NOT in Inductor's key, and a
+  cache built for AVX-512 silently gives wrong numbers under AVX2;
+- on Neuron, torch-neuronx and neuronx-cc versions (the NEFF key leaves them out), the instance
+  family (trn1 / trn2 / trn3), the logical NeuronCore config (LNC) and the canonical NEURON_CC_FLAGS;
+- environment variables that change compiled code (TORCHINDUCTOR_*, TORCH_COMPILE_*, ...), but not
+  cache-dir paths (they differ per machine and are not in any key) nor the variables trl-warmup sets
+  itself through `warmup.activate` (both sides set them the same way).
+
+This module is imported by training pods: it must not import torch (or anything heavy) at module
+level. torch is imported inside `current_toolchain` only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from warmup.errors import BackendUnavailableError, SpecError, ToolchainMismatchError
+
+Backend = Literal["neuron", "inductor"]
+Device = Literal["neuron", "cuda", "cpu"]
+
+# Environment variables whose value can change compiled code, by prefix or exact name.
+COMPILE_ENV_PREFIXES = (
+    "TORCHINDUCTOR_",
+    "TORCH_COMPILE_",
+    "TORCH_DYNAMO_",
+    "TORCHDYNAMO_",
+    "ACCELERATE_DYNAMO_",
+    "TORCH_NEURONX_",
+    "NEURON_COMPILER_",
+    "NEURON_CC_",
+    "XLA_FLAGS",
+)
+COMPILE_ENV_NAMES = frozenset(
+    {"CXX", "ATEN_CPU_CAPABILITY", "NEURON_FUSE_SOFTMAX", "NEURON_RT_STOCHASTIC_ROUNDING_EN"}
+)
+
+# Left out on purpose: cache locations, logging, compile parallelism (not in any key), and the
+# variables that warmup.activate sets on both sides (they would only record the order of calls).
+IGNORED_ENV_NAMES = frozenset(
+    {
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TORCHINDUCTOR_COMPILE_THREADS",
+        "TORCHINDUCTOR_WORKER_START",
+        "TORCHINDUCTOR_WORKER_SUPPRESS_LOGGING",
+        "TORCHINDUCTOR_FX_GRAPH_CACHE",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE",
+        "TORCH_COMPILE_CACHE_KEY_TAG",
+        "TORCH_COMPILE_DEBUG",
+        "TORCH_COMPILE_JOB_ID",
+        "ACCELERATE_DYNAMO_USE_DYNAMIC",
+        "TORCH_NEURONX_NEFF_CACHE_DIR",
+        "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR",
+        "TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT",
+        "TORCH_NEURONX_DEBUG_DIR",
+        "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS",
+        "NEURON_CC_FLAGS",  # kept, canonicalised, in `compiler_flags`
+        "NEURON_COMPILE_CACHE_URL",
+    }
+)
+IGNORED_ENV_SUFFIXES = ("_CACHE_DIR", "_CACHE_URL", "_LOG", "_LOGS", "_VERBOSE", "_DEBUG_DIR")
+
+# Compiler flags that name a location or the log level: they change no compiled graph.
+NEURON_CC_IGNORED_FLAGS = frozenset({"--cache_dir", "--cache-dir", "--verbose", "--logfile", "--log-file"})
+
+# The NeuronCore config each Trainium generation defaults to (trn1 only supports LNC=1).
+DEFAULT_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}
+
+
+class Toolchain(BaseModel):
+    """The fingerprint of an environment, as far as compiled artifacts are concerned."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Backend
+    device: Device
+    python: str = Field(description="Python version, e.g. 3.11.7.")
+    torch: str = Field(description="torch.__version__.")
+    torch_key: str = Field(description="Inductor's hash of every torch source file (hex).")
+    transformers: str | None = None
+    trl: str | None = None
+    accelerate: str | None = None
+    triton: str | None = None
+    torch_neuronx: str | None = None
+    neuronx_cc: str | None = None
+    device_kind: str = Field(description="cpu, the GPU name, or the Trainium generation (trn1, trn2, trn3).")
+    cpu_isa: str | None = Field(None, description="CPU: the vector ISA Inductor generates code for.")
+    num_threads: int | None = Field(
+        None, description="CPU: torch.get_num_threads() (in Inductor's key since 2.13)."
+    )
+    cuda: str | None = Field(None, description="CUDA: torch.version.cuda.")
+    neuron_lnc: int | None = Field(None, description="Neuron: logical NeuronCore config (1 or 2).")
+    compiler_flags: str | None = Field(None, description="Neuron: NEURON_CC_FLAGS, tokenised and sorted.")
+    env: dict[str, str] = Field(default_factory=dict, description="Compile-relevant environment variables.")
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def key(self) -> str:
+        """sha256 of the canonical JSON: equal toolchains have equal keys, in any process."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def diff(self, other: Toolchain) -> dict[str, tuple[Any, Any]]:
+        """Fields that differ, as {field: (ours, theirs)}; environment variables as `env.NAME`."""
+        ours, theirs = self.model_dump(mode="json"), other.model_dump(mode="json")
+        differences: dict[str, tuple[Any, Any]] = {}
+        for field in self.model_fields:
+            if field == "env":
+                continue
+            if ours[field] != theirs[field]:
+                differences[field] = (ours[field], theirs[field])
+        for name in sorted(set(self.env) | set(other.env)):
+            if self.env.get(name) != other.env.get(name):
+                differences[f"env.{name}"] = (self.env.get(name), other.env.get(name))
+        return differences
+
+    def require_same(self, other: Toolchain, *, what: str = "toolchain") -> None:
+        """Raise ToolchainMismatchError naming every differing field unless `other` equals this one."""
+        differences = self.diff(other)
+        if differences:
+            raise ToolchainMismatchError(differences, what=what)
+
+    @property
+    def short(self) -> str:
+        """One line for logs and tables, e.g. `inductor/cpu avx512 x2 torch 2.13.0+cpu`."""
+        detail = {
+            "cpu": f"{self.cpu_isa} x{self.num_threads}",
+            "cuda": f"{self.device_kind} cuda {self.cuda}",
+            "neuron": f"{self.device_kind} lnc={self.neuron_lnc}",
+        }[self.device]
+        return f"{self.backend}/{self.device} {detail} torch {self.torch}"
+
+
+# --- pure helpers (no torch) ------------------------------------------------------------------------
+
+
+def canonical_neuron_cc_flags(flags: str | None) -> str:
+    """NEURON_CC_FLAGS in one canonical form: `--flag value` joined as `--flag=value`, sorted.
+
+    TorchNeuron and the XLA stack hash the raw flag string, so `--a --b` and `--b --a` (or `--x 1` and
+    `--x=1`) compile the same graph under different keys; setting the canonical form on both sides
+    makes them agree. Location and logging flags (`--cache_dir`, `--verbose`, ...) are dropped.
+    """
+    try:
+        tokens = shlex.split(flags or "")
+    except ValueError as error:
+        raise SpecError(f"NEURON_CC_FLAGS cannot be parsed ({error}): quote it like a shell would") from None
+    joined: list[str] = []
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        following = tokens[index + 1] if index + 1 < len(tokens) else None
+        if token.startswith("-") and "=" not in token and following is not None and not _is_flag(following):
+            token = f"{token}={following}"
+            index += 1
+        joined.append(token)
+        index += 1
+    kept = [token for token in joined if token.split("=", 1)[0] not in NEURON_CC_IGNORED_FLAGS]
+    return " ".join(sorted(kept))
+
+
+def _is_flag(token: str) -> bool:
+    return token.startswith("-") and not re.fullmatch(r"-\d+(\.\d+)?", token)
+
+
+def compile_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The compile-relevant environment variables of `environ` (default: this process), sorted."""
+    environ = os.environ if environ is None else environ
+    selected = {}
+    for name, value in environ.items():
+        relevant = name in COMPILE_ENV_NAMES or name.startswith(COMPILE_ENV_PREFIXES)
+        if not relevant or name in IGNORED_ENV_NAMES or name.endswith(IGNORED_ENV_SUFFIXES):
+            continue
+        selected[name] = value
+    return dict(sorted(selected.items()))
+
+
+def neuron_target_from_name(name: str | None) -> str | None:
+    """trn1 / trn2 / trn3 from an instance type (`trn2.48xlarge`) or a device name (`Trainium2`, `trn2`)."""
+    if not name:
+        return None
+    text = name.strip().lower()
+    match = re.search(r"\btrn(\d)", text) or re.search(r"trainium(\d)?", text)
+    if not match:
+        return None
+    generation = match.group(1) or "1"
+    return f"trn{generation}"
+
+
+def neuron_lnc(target: str | None, environ: Mapping[str, str] | None = None) -> int:
+    """The logical NeuronCore config: NEURON_LOGICAL_NC_CONFIG, else the generation's default."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get("NEURON_LOGICAL_NC_CONFIG")
+    if raw is not None and raw.strip():
+        if raw.strip() not in ("1", "2"):
+            raise SpecError(f"NEURON_LOGICAL_NC_CONFIG is {raw!r}; only 1 and 2 are valid (trn2/trn3)")
+        value = int(raw)
+        if target == "trn1" and value != 1:
+            raise SpecError("NEURON_LOGICAL_NC_CONFIG must be 1 on trn1 (only trn2/trn3 support LNC=2)")
+        return value
+    return DEFAULT_LNC.get(target or "", 1)
+
+
+def package_version(distribution: str) -> str | None:
+    """The installed version of a distribution, or None; never imports it."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# --- the environment this process runs in -------------------------------------------------------
+
+
+def current_toolchain(backend: str, device: str) -> Toolchain:
+    """This process's toolchain for `backend` on `device`.
+
+    Raises BackendUnavailableError when this machine cannot run that combination (no GPU, no
+    torch-neuronx, ...). Imports torch.
+    """
+    _check_pair(backend, device)
+    try:
+        import torch
+        from torch._inductor.codecache import torch_key
+    except ImportError:
+        raise BackendUnavailableError(
+            "computing a toolchain needs torch: pip install 'trl-warmup[trl]' (or the training image's torch)"
+        ) from None
+    facts: dict[str, Any] = {
+        "backend": backend,
+        "device": device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_key": torch_key().hex(),
+        "transformers": package_version("transformers"),
+        "trl": package_version("trl"),
+        "accelerate": package_version("accelerate"),
+        "triton": package_version("triton") or package_version("pytorch-triton"),
+        "torch_neuronx": package_version("torch-neuronx"),
+        "neuronx_cc": package_version("neuronx-cc"),
+        "env": compile_env(),
+    }
+    if device == "cpu":
+        facts.update(device_kind="cpu", cpu_isa=cpu_vec_isa(), num_threads=torch.get_num_threads())
+    elif device == "cuda":
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(
+                "the target device is cuda but torch sees no GPU here: run on a GPU machine, "
+                "or target device: cpu"
+            )
+        facts.update(
+            device_kind=torch.cuda.get_device_name(torch.cuda.current_device()), cuda=torch.version.cuda
+        )
+    else:
+        target = _neuron_target()
+        facts.update(
+            device_kind=target,
+            neuron_lnc=neuron_lnc(target),
+            compiler_flags=canonical_neuron_cc_flags(os.environ.get("NEURON_CC_FLAGS")),
+        )
+    return Toolchain(**facts)
+
+
+def cpu_vec_isa() -> str:
+    """The vector ISA Inductor's C++ backend generates code for on this CPU (e.g. `avx512 avx512_vnni`)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    isa = pick_vec_isa()
+    return str(isa) if isa else "none"
+
+
+def _check_pair(backend: str, device: str) -> None:
+    if backend not in ("neuron", "inductor"):
+        raise SpecError(f"unknown backend {backend!r}: expected neuron or inductor", loc="target.backend")
+    if device not in ("neuron", "cuda", "cpu"):
+        raise SpecError(f"unknown device {device!r}: expected neuron, cuda or cpu", loc="target.device")
+    if (backend == "neuron") != (device == "neuron"):
+        raise SpecError(
+            f"backend {backend!r} does not run on device {device!r}: "
+            "neuron runs on neuron, inductor on cuda or cpu",
+            loc="target",
+        )
+
+
+def _neuron_target() -> str:
+    """The Trainium generation of this machine; BackendUnavailableError without torch-neuronx."""
+    if package_version("torch-neuronx") is None:
+        raise BackendUnavailableError(
+            "the target backend is neuron but torch-neuronx is not installed here: run on a Trainium "
+            "instance with the Neuron SDK (pip install 'trl-warmup[neuron]')"
+        )
+    override = neuron_target_from_name(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"))
+    if override:
+        return override
+    try:
+        import torch
+
+        name = torch.neuron.get_device_properties(0).name  # type: ignore[attr-defined]
+        found = neuron_target_from_name(name)
+        if found:
+            return found
+    except Exception:  # no device visible, or an older torch-neuronx: fall back to the instance type
+        pass
+    product = Path("/sys/devices/virtual/dmi/id/product_name")
+    found = neuron_target_from_name(product.read_text() if product.is_file() else None)
+    if found:
+        return found
+    raise BackendUnavailableError(
+        "cannot tell the Trainium generation of this machine: "
+        "set NEURON_PLATFORM_TARGET_OVERRIDE=trn2 (or trn1/trn3)"
+    )
