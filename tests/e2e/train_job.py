@@ -27,28 +27,43 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.e2e.tiny_model import words  # noqa: E402
 
 
-def texts_for_sft(rng: random.Random, count: int, low: int, high: int) -> list[dict[str, str]]:
+def length_ranges(low: int, split: int, high: int, batches: int) -> list[tuple[int, int]]:
+    """Row-length ranges per batch: short and long batches alternate, so every bucket is met."""
+    return [(low, split) if index % 2 == 0 else (split + 1, high) for index in range(batches)]
+
+
+def texts_for_sft(rng: random.Random, ranges: list[tuple[int, int]], rows: int) -> list[dict[str, str]]:
     # SFT appends EOS: a text of n words is n + 1 tokens
-    return [{"text": words(rng.randint(low - 1, high - 1), offset=rng.randint(0, 299))} for _ in range(count)]
+    return [
+        {"text": words(rng.randint(low, high) - 1, offset=rng.randint(0, 299))}
+        for low, high in ranges
+        for _ in range(rows)
+    ]
 
 
-def prompts(rng: random.Random, count: int, low: int, high: int) -> list[dict[str, str]]:
-    return [{"prompt": words(rng.randint(low, high), offset=rng.randint(0, 299))} for _ in range(count)]
+def prompts(rng: random.Random, ranges: list[tuple[int, int]], rows: int) -> list[dict[str, str]]:
+    return [
+        {"prompt": words(rng.randint(low, high), offset=rng.randint(0, 299))}
+        for low, high in ranges
+        for _ in range(rows)
+    ]
 
 
-def preferences(rng: random.Random, count: int, low: int, high: int) -> list[dict[str, str]]:
-    rows = []
-    for _ in range(count):
-        prompt = rng.randint(2, low - 2)
-        rows.append(
-            {
-                "prompt": words(prompt, offset=rng.randint(0, 299)),
-                # DPO appends EOS: prompt + completion + 1 tokens
-                "chosen": " " + words(rng.randint(low, high) - prompt - 1, offset=rng.randint(0, 299)),
-                "rejected": " " + words(rng.randint(low, high) - prompt - 1, offset=rng.randint(0, 299)),
-            }
-        )
-    return rows
+def preferences(rng: random.Random, ranges: list[tuple[int, int]], rows: int) -> list[dict[str, str]]:
+    data = []
+    for low, high in ranges:
+        for _ in range(rows):
+            prompt = rng.randint(2, low - 3)
+            # DPO appends EOS: a row is prompt + completion + 1 tokens
+            chosen, rejected = (rng.randint(low, high) - prompt - 1 for _ in range(2))
+            data.append(
+                {
+                    "prompt": words(prompt, offset=rng.randint(0, 299)),
+                    "chosen": " " + words(chosen, offset=rng.randint(0, 299)),
+                    "rejected": " " + words(rejected, offset=rng.randint(0, 299)),
+                }
+            )
+    return data
 
 
 def length_reward(completions: list[Any], **_: Any) -> list[float]:
@@ -86,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-size", type=int, help="for trainers whose planner is not written yet")
     parser.add_argument("--min-tokens", type=int, required=True)
     parser.add_argument("--max-tokens", type=int, required=True)
+    parser.add_argument("--split", type=int, required=True, help="longest row (or prompt) of a short batch")
     ns = parser.parse_args(argv)
 
     import warmup
@@ -123,15 +139,18 @@ def main(argv: list[str] | None = None) -> int:
         report_to="none",
         logging_steps=1,
         disable_tqdm=True,
+        # batches in data order (short, long, short, ...): every planned bucket is met; changes no graph
+        **({"train_sampling_strategy": "sequential"} if spec.trainer != "grpo" else {}),
     )
     shapes: list[tuple[int, ...]] = []
     extra: dict[str, Any] = {}
+    ranges = length_ranges(ns.min_tokens, ns.split, ns.max_tokens, ns.steps)
     if spec.trainer == "sft":
-        data = texts_for_sft(rng, batch * ns.steps, ns.min_tokens, ns.max_tokens)
+        data = texts_for_sft(rng, ranges, batch)
     elif spec.trainer == "dpo":
-        data = preferences(rng, batch * ns.steps, ns.min_tokens, ns.max_tokens)
+        data = preferences(rng, ranges, batch)
     elif spec.trainer == "grpo":
-        data = prompts(rng, args.generation_batch_size * ns.steps, ns.min_tokens, ns.max_tokens)
+        data = prompts(rng, ranges, args.generation_batch_size // args.num_generations)
         extra["reward_funcs"] = length_reward
     else:
         raise SystemExit(f"no job for {spec.trainer}")

@@ -23,6 +23,7 @@ published.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -262,14 +263,16 @@ def build_config(job: UnitJob) -> Any:
     import trl
 
     spec, unit = job.spec, job.unit
-    kwargs = {**spec.args, **REHEARSAL_OVERRIDES, "output_dir": str(job.work_dir / "trainer")}
-    if spec.trainer in ("sft", "dpo", "reward"):
-        kwargs["train_sampling_strategy"] = "sequential"
-    if unit.kind == "eval":
-        kwargs.update(eval_strategy="steps", eval_steps=1, eval_on_start=True)
-    else:
-        kwargs["eval_strategy"] = "no"
     cls = getattr(trl, CONFIG_CLASSES[spec.trainer])
+    known = {f.name for f in dataclasses.fields(cls)}
+    overrides = {**REHEARSAL_OVERRIDES, "output_dir": str(job.work_dir / "trainer")}
+    if spec.trainer in ("sft", "dpo", "reward"):
+        overrides["train_sampling_strategy"] = "sequential"
+    if unit.kind == "eval":
+        overrides.update(eval_strategy="steps", eval_steps=1, eval_on_start=True)
+    else:
+        overrides["eval_strategy"] = "no"
+    kwargs = {**spec.args, **{name: value for name, value in overrides.items() if name in known}}
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:
@@ -288,8 +291,8 @@ def build_trainer(job: UnitJob) -> tuple[Any, Observed]:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # what TRL does when the tokenizer has none
     world = _world_size()
-    rows = _dataset_builder(spec.trainer)(job, config, tokenizer, world)
-    datasets = {"train_dataset": rows, "eval_dataset": rows if unit.kind == "eval" else None}
+    train_rows, eval_rows = _dataset_builder(spec.trainer)(job, config, tokenizer, world)
+    datasets = {"train_dataset": train_rows, "eval_dataset": eval_rows}
     cls = getattr(trl, TRAINER_CLASSES[spec.trainer])
     extra: dict[str, Any] = {}
     if spec.trainer in ("grpo", "rloo"):
@@ -315,8 +318,18 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _dataset_builder(trainer: str) -> Callable[[UnitJob, Any, Any, int], Any]:
-    return {"sft": _sft_dataset, "dpo": _dpo_dataset, "reward": _reward_dataset}.get(trainer, _prompt_dataset)
+def _dataset_builder(trainer: str) -> Callable[[UnitJob, Any, Any, int], tuple[Any, Any]]:
+    """The (train, eval) datasets of a unit; an eval unit still needs train data for train() to start."""
+    builders = {"sft": _sft_dataset, "dpo": _dpo_dataset, "reward": _reward_dataset}
+    if trainer in builders:
+        build = builders[trainer]
+
+        def batch_data(job: UnitJob, config: Any, tokenizer: Any, world: int) -> tuple[Any, Any]:
+            rows = build(job, config, tokenizer, world)
+            return rows, rows if job.unit.kind == "eval" else None
+
+        return batch_data
+    return _prompt_dataset
 
 
 def _batches_per_run(job: UnitJob, config: Any, world: int) -> tuple[int, int]:
@@ -374,20 +387,30 @@ def _dpo_dataset(job: UnitJob, config: Any, tokenizer: Any, world: int) -> Any:
     return Dataset.from_list(data)
 
 
-def _prompt_dataset(job: UnitJob, config: Any, tokenizer: Any, world: int) -> Any:
-    """GRPO/RLOO: one generation round of prompts (each is repeated num_generations times by TRL)."""
+def _prompt_dataset(job: UnitJob, config: Any, tokenizer: Any, world: int) -> tuple[Any, Any]:
+    """GRPO/RLOO: prompts for one generation round (TRL repeats each num_generations times), and
+    for one eval batch on every process when the unit is an evaluation."""
     from datasets import Dataset
 
     unit = job.unit
-    if unit.kind == "eval":
-        raise RehearsalError("rehearsal of GRPO/RLOO evaluation is not written yet")
     if unit.prompt_len is None or unit.completion_len is None:
         raise RehearsalError("a GRPO/RLOO unit needs its prompt and completion lengths")
     if config.use_vllm or getattr(config, "use_transformers_paged", False):
         raise RehearsalError("rehearsal of GRPO/RLOO with vLLM or paged generation is not written yet")
-    unique_prompts = config.generation_batch_size // config.num_generations
     texts = TextMaker(tokenizer)
-    return Dataset.from_list(prompt_rows(texts, unique_prompts, unit.prompt_len, config.pad_to_multiple_of))
+    multiple = config.pad_to_multiple_of
+    train = prompt_rows(
+        texts, config.generation_batch_size // config.num_generations, unit.prompt_len, multiple
+    )
+    if unit.kind == "train":
+        return Dataset.from_list(train), None
+    copies = config.num_generations_eval or config.num_generations
+    if unit.batch % copies:
+        raise RehearsalError(
+            f"an eval batch of {unit.batch} rows is not a whole number of {copies} generations"
+        )
+    evaluation = prompt_rows(texts, unit.batch // copies * world, unit.prompt_len, multiple)
+    return Dataset.from_list(train), Dataset.from_list(evaluation)
 
 
 def _fix_generation_length(trainer: Any, unit: RehearsalUnit) -> None:

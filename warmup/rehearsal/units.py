@@ -7,9 +7,9 @@ forward and backward and the reference forward on the same batch, a GRPO step ge
 signature of a unit gets the unit's files as its entry: a superset of what it needs, self-contained,
 and stored once by the blob store.
 
-Signatures that compile nothing on the target (`compile == "eager"`: TRL generates with
-`disable_compile=True`; Trainer evaluation and GRPO/RLOO old log-probs run the raw, uncompiled model
-on Inductor) get no unit: their entry is empty and says why.
+Signatures that compile nothing on the target get no unit: their entry is empty and says why
+(`eager_reason`: the planner's `compile == "eager"`, and under Inductor generation, Trainer
+evaluation and GRPO/RLOO old log-probs, which TRL runs on the bare, uncompiled model).
 
 Pure Python: the planner's signatures in, units out; nothing here imports torch.
 """
@@ -77,14 +77,19 @@ def plan_units(
     trainer: str,
     signatures: list[Signature],
     *,
+    backend: str = "inductor",
     pad_to_multiple_of: int | None,
     max_completion_length: int | None = None,
+    generation_rows: dict[str, int] | None = None,
 ) -> UnitPlan:
     """Group `signatures` of a `trainer` job into rehearsal units.
 
     `pad_to_multiple_of` is the value the job's TRL config resolves to on the target device, and
     `max_completion_length` the GRPO/RLOO config value: they decide how a GRPO width splits into a
-    prompt and a completion.
+    prompt and a completion. A forward-only pass (ref, old_logps) rides with the training step of
+    the same shape, or else with an evaluation (TRL runs the reference over eval batches too).
+    `generation_rows` ({"train": rows, "eval": rows} of a generation round) sends a compiled
+    generation signature to a training step or to an evaluation.
     """
     if trainer not in SUPPORTED_TRAINERS:
         raise RehearsalError(
@@ -92,32 +97,44 @@ def plan_units(
             f"(supported: {', '.join(SUPPORTED_TRAINERS)})"
         )
     nothing: dict[str, str] = {}
-    groups: dict[tuple, list[Signature]] = {}
+    compiled: list[Signature] = []
     for signature in signatures:
         if signature.trainer != trainer:
             raise RehearsalError(
                 f"signature {signature.shape_label} belongs to trainer {signature.trainer!r}, not {trainer!r}"
             )
-        if signature.compile == "eager":
-            nothing[signature.key()] = _eager_reason(signature)
+        reason = eager_reason(trainer, backend, signature)
+        if reason:
+            nothing[signature.key()] = reason
+        else:
+            compiled.append(signature)
+
+    train_shapes = {(s.batch, s.seq_len) for s in compiled if s.phase == "train"}
+    groups: dict[tuple, list[Signature]] = {}
+    generation: list[Signature] = []
+    for signature in compiled:
+        if signature.phase in GENERATION_PHASES:
+            generation.append(signature)
             continue
-        groups.setdefault(_group_key(trainer, signature), []).append(signature)
+        if signature.phase not in (*STEP_PHASES[trainer], "eval"):
+            raise RehearsalError(f"the {trainer} rehearsal has no step that runs phase {signature.phase!r}")
+        in_step = signature.phase == "train" or (
+            signature.phase != "eval" and (signature.batch, signature.seq_len) in train_shapes
+        )
+        prompt_len = signature.settings.get("prompt_len")
+        key = ("train" if in_step else "eval", signature.batch, signature.seq_len)
+        groups.setdefault((*key, prompt_len if isinstance(prompt_len, int) else None), []).append(signature)
 
     units: list[RehearsalUnit] = []
-    generation: list[Signature] = []
-    for key, members in groups.items():
-        if key[0] == "generation":
-            generation.extend(members)
-            continue
-        kind, batch, seq_len, prompt_len = key
+    for (kind, batch, seq_len, prompt_len), members in groups.items():
         fields = {}
-        if trainer in ("grpo", "rloo") and kind == "train":
+        if trainer in ("grpo", "rloo"):
             fields = _split_width(seq_len, prompt_len, pad_to_multiple_of, max_completion_length)
         units.append(
             RehearsalUnit(index=0, kind=kind, batch=batch, seq_len=seq_len, signatures=members, **fields)
         )
     for signature in generation:
-        _attach_generation(units, signature, pad_to_multiple_of, max_completion_length)
+        _attach_generation(units, signature, generation_rows or {})
     ordered = sorted(units, key=lambda u: (u.kind != "train", u.seq_len, u.batch))
     return UnitPlan(
         units=[unit.model_copy(update={"index": index}) for index, unit in enumerate(ordered)],
@@ -125,25 +142,25 @@ def plan_units(
     )
 
 
-def _eager_reason(signature: Signature) -> str:
-    if signature.phase in GENERATION_PHASES:
-        return "runs eager: TRL generates with disable_compile=True, so nothing is compiled for it"
-    if signature.phase == "eval":
-        return "runs eager: Trainer evaluates the raw model, not the compiled wrapper, during train()"
-    if signature.phase == "old_logps":
-        return "runs eager: TRL computes old log-probs with the raw model, not the compiled wrapper"
-    return "runs eager: the job does not torch.compile this pass"
+def eager_reason(trainer: str, backend: str, signature: Signature) -> str | None:
+    """Why a signature compiles nothing on `backend`, or None when it compiles.
 
-
-def _group_key(trainer: str, signature: Signature) -> tuple:
+    Under Inductor only what goes through the compiled wrapper compiles (TRL 1.16, transformers
+    5.24, checked by experiment): generation runs with disable_compile=True on the unwrapped model;
+    Trainer evaluates `self.model`, the bare module, once train() has prepared the wrapper; GRPO and
+    RLOO compute old log-probs with `self.model`. Under TorchNeuron eager ops compile too.
+    """
+    if signature.compile == "eager":
+        return "runs eager: the job does not torch.compile this pass"
+    if backend != "inductor":
+        return None
     if signature.phase in GENERATION_PHASES:
-        return ("generation",)
+        return "runs eager on Inductor: TRL generates with disable_compile=True on the unwrapped model"
     if signature.phase == "eval":
-        return ("eval", signature.batch, signature.seq_len, None)
-    if signature.phase not in STEP_PHASES[trainer]:
-        raise RehearsalError(f"the {trainer} rehearsal has no step that runs phase {signature.phase!r}")
-    prompt_len = signature.settings.get("prompt_len")
-    return ("train", signature.batch, signature.seq_len, prompt_len if isinstance(prompt_len, int) else None)
+        return "runs eager on Inductor: Trainer evaluates the bare model, not the compiled wrapper"
+    if signature.phase == "old_logps" and trainer in ("grpo", "rloo"):
+        return "runs eager on Inductor: TRL computes old log-probs with the bare model"
+    return None
 
 
 def ceil_to(value: int, multiple: int | None) -> int:
@@ -186,15 +203,12 @@ def _split_width(
     return {"prompt_len": prompt_pad, "completion_len": completion}
 
 
-def _attach_generation(
-    units: list[RehearsalUnit], signature: Signature, multiple: int | None, max_completion: int | None
-) -> None:
-    """A compiled generation signature rides with a training step whose round uses its prompt width."""
-    prompt_len = (
-        signature.seq_len if signature.phase == "generate_prefill" else signature.settings.get("prompt_len")
-    )
-    for index, unit in enumerate(units):
-        if unit.kind != "train" or unit.prompt_len is None:
+def _attach_generation(units: list[RehearsalUnit], signature: Signature, rows: dict[str, int]) -> None:
+    """A compiled generation signature rides with a run whose round uses its rows and prompt width."""
+    prompt_len = signature.seq_len if signature.phase == "generate_prefill" else None
+    kinds = [kind for kind, count in rows.items() if count == signature.batch] or ["train", "eval"]
+    for index, unit in sorted(enumerate(units), key=lambda item: item[1].kind != "train"):
+        if unit.kind not in kinds or unit.prompt_len is None:
             continue
         if prompt_len is not None and unit.prompt_len != prompt_len:
             continue
@@ -204,13 +218,13 @@ def _attach_generation(
             and unit.cache_len != signature.cache_len
         ):
             continue
-        update = {"signatures": [*unit.signatures, signature]}
+        update: dict = {"signatures": [*unit.signatures, signature]}
         if signature.cache_len is not None:
             update["cache_len"] = signature.cache_len
         units[index] = unit.model_copy(update=update)
         return
     raise RehearsalError(
-        f"no training step of the plan generates from a prompt width of {prompt_len} "
-        f"for {signature.shape_label}; "
-        "a generation signature is rehearsed inside a training step, so the plan must list one"
+        f"no run of the plan generates {signature.batch} rows from a prompt width of {prompt_len} "
+        f"for {signature.shape_label}; a generation signature is rehearsed inside a training step or "
+        "an evaluation, so the plan must list one"
     )

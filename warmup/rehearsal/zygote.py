@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -111,9 +112,14 @@ def main(argv: list[str]) -> int:
         if job["isolation"] == "fork":
             preload(spec.trainer)
         signatures = [Signature.model_validate(item) for item in job["signatures"]]
-        multiple, max_completion = resolved_lengths(spec)
+        facts = config_facts(spec)
         planned = plan_units(
-            spec.trainer, signatures, pad_to_multiple_of=multiple, max_completion_length=max_completion
+            spec.trainer,
+            signatures,
+            backend=spec.target.backend,
+            pad_to_multiple_of=facts["pad_to_multiple_of"],
+            max_completion_length=facts["max_completion_length"],
+            generation_rows=facts["generation_rows"],
         )
     except WarmupError as error:
         emit("error", message=str(error))
@@ -153,20 +159,24 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def resolved_lengths(spec: Any) -> tuple[int | None, int | None]:
-    """pad_to_multiple_of as TRL resolves it on this device, and max_completion_length (GRPO/RLOO)."""
+def config_facts(spec: Any) -> dict[str, Any]:
+    """What unit planning needs from the job's TRL config, as TRL resolves it on this device."""
     from warmup.rehearsal.drivers import UnitJob, build_config
     from warmup.rehearsal.units import RehearsalUnit
 
-    probe = UnitJob(
-        spec,
-        RehearsalUnit(index=0, kind="train", batch=1, seq_len=1, signatures=[]),
-        Path("."),
-        Path("/tmp"),
-        1,
-    )
-    config = build_config(probe)
-    return config.pad_to_multiple_of, getattr(config, "max_completion_length", None)
+    probe_unit = RehearsalUnit(index=0, kind="train", batch=1, seq_len=1, signatures=[])
+    config = build_config(UnitJob(spec, probe_unit, Path("."), Path(tempfile.gettempdir()), 1))
+    generation_rows = None
+    if hasattr(config, "steps_per_generation"):
+        generation_rows = {
+            "train": config.per_device_train_batch_size * config.steps_per_generation,
+            "eval": config.per_device_eval_batch_size,
+        }
+    return {
+        "pad_to_multiple_of": config.pad_to_multiple_of,
+        "max_completion_length": getattr(config, "max_completion_length", None),
+        "generation_rows": generation_rows,
+    }
 
 
 def launch(unit_job: Any, paths: dict[str, Path], world_size: int, job: dict[str, Any]) -> Running:
