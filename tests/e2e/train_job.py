@@ -27,9 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.e2e.tiny_model import words  # noqa: E402
 
 
-def length_ranges(low: int, split: int, high: int, batches: int) -> list[tuple[int, int]]:
-    """Row-length ranges per batch: short and long batches alternate, so every bucket is met."""
-    return [(low, split) if index % 2 == 0 else (split + 1, high) for index in range(batches)]
+def length_ranges(low: int, splits: list[int], high: int, batches: int) -> list[tuple[int, int]]:
+    """Row-length ranges per batch, cycling through the buckets `splits` separate: every bucket is met."""
+    bounds = [low - 1, *splits, high]
+    buckets = [(bounds[i] + 1, bounds[i + 1]) for i in range(len(bounds) - 1)]
+    return [buckets[index % len(buckets)] for index in range(batches)]
 
 
 def texts_for_sft(rng: random.Random, ranges: list[tuple[int, int]], rows: int) -> list[dict[str, str]]:
@@ -101,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-size", type=int, help="for trainers whose planner is not written yet")
     parser.add_argument("--min-tokens", type=int, required=True)
     parser.add_argument("--max-tokens", type=int, required=True)
-    parser.add_argument("--split", type=int, required=True, help="longest row (or prompt) of a short batch")
+    parser.add_argument(
+        "--split", required=True, help="bucket bounds: longest row (or prompt) per bucket, a,b,..."
+    )
     ns = parser.parse_args(argv)
 
     import warmup
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import trl
     from datasets import Dataset
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import calculate_time_spent, counters
 
     rng = random.Random(ns.data_seed)
     config_cls = {
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     shapes: list[tuple[int, ...]] = []
     extra: dict[str, Any] = {}
-    ranges = length_ranges(ns.min_tokens, ns.split, ns.max_tokens, ns.steps)
+    ranges = length_ranges(ns.min_tokens, [int(x) for x in str(ns.split).split(",")], ns.max_tokens, ns.steps)
     if spec.trainer == "sft":
         data = texts_for_sft(rng, ranges, batch)
     elif spec.trainer == "dpo":
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_ends": clock.step_ends,
         "end": end,
         "shapes": shapes,
+        "dynamo_compile_seconds": calculate_time_spent().get("total_wall_time", 0.0),
         "fresh_compiles": None
         if fresh is None
         else {**dict(fresh.counts), "new_files": list(fresh.new_files)},
