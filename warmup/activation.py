@@ -113,7 +113,7 @@ def check_manifest_toolchain(cache_dir: Path, spec: Spec) -> None:
     from warmup.toolchain import Toolchain, current_toolchain
 
     theirs = Toolchain.model_validate(manifest["toolchain"])
-    ours = current_toolchain(spec.target.backend, spec.target.device)
+    ours = current_toolchain(spec.target.backend, spec.target.device, world_size=spec.target.world_size)
     ours.require_same(theirs, what=f"toolchain of {cache_dir}")
 
 

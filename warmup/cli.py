@@ -101,41 +101,43 @@ def format_size(size: int) -> str:
 
 
 class WarmProgress:
-    """Progress lines on stderr: unit i of n, elapsed time, and an estimate of the time left."""
+    """Progress lines on stderr: signature i of n, elapsed time, and an estimate of the time left.
+
+    The estimate is the average time per finished run so far; while several units share one run,
+    the time between their starts.
+    """
 
     def __init__(self, stream: Any = None) -> None:
         self.stream = stream or sys.stderr
-        self.finished_seconds: list[float] = []
+        self.started: dict[int, float] = {}
 
     def __call__(self, progress: Any) -> None:
         elapsed = format_duration(progress.elapsed_s)
         if progress.event == "planned":
-            empty = progress.signatures_done
-            line = f"warming {progress.signatures_total} signature(s) in {progress.units_total} run(s)"
-            if empty:
-                line += f"; {empty} compile nothing on this backend"
+            line = f"warming {progress.signatures_total} signature(s): {progress.units_total} to compile"
+            if progress.signatures_done:
+                line += f", {progress.signatures_done} that compile nothing on this backend"
             self._print(line)
             return
         unit = progress.unit
-        position = f"[{progress.units_done + (progress.event == 'started')}/{progress.units_total}]"
+        position = f"[{unit.index + 1}/{progress.units_total}]"
         if progress.event == "started":
-            left = self._left(progress)
-            self._print(f"{position} {unit.label}: compiling ... elapsed {elapsed}{left}")
+            self.started[unit.index] = progress.elapsed_s
+            self._print(f"{position} {unit.label}: compiling ... elapsed {elapsed}{self._left(progress)}")
             return
-        self.finished_seconds.append(max((r.run_seconds for r in progress.results), default=0.0))
         first = progress.results[0]
         detail = f"compile {first.compile_seconds:.1f}s, {len(first.files)} files, {format_size(first.size)}"
         if first.status != "ok":
             detail = first.note
-        left = self._left(progress)
-        self._print(f"{position} {unit.label}: {first.status} ({detail}); elapsed {elapsed}{left}")
+        self._print(f"{position} {unit.label}: {first.status} ({detail}); elapsed {elapsed}{self._left(progress)}")
 
     def _left(self, progress: Any) -> str:
-        remaining = progress.units_total - progress.units_done
-        if not remaining or not self.finished_seconds:
+        begun = sorted(self.started.values())
+        remaining = progress.units_total - len(begun) + (progress.event == "started")
+        if remaining <= 0 or len(begun) < 2:
             return ""
-        average = sum(self.finished_seconds) / len(self.finished_seconds)
-        return f", about {format_duration(average * remaining)} left"
+        per_unit = (begun[-1] - begun[0]) / (len(begun) - 1)
+        return f", about {format_duration(per_unit * remaining)} left"
 
     def _print(self, line: str) -> None:
         print(line, file=self.stream, flush=True)

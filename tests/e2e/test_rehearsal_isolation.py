@@ -25,7 +25,7 @@ def sft_spec(tiny_model_dir, tmp_path):
     return load_spec(path)
 
 
-def test_a_failing_run_is_reported_and_the_next_one_still_warms(sft_spec, tiny_model_dir, tmp_path):
+def test_a_failing_signature_is_reported_and_the_others_still_warm(sft_spec, tiny_model_dir, tmp_path):
     impossible = signature(
         "sft", tiny_model_dir, "train", 2, 48
     )  # not a multiple of 32: TRL never pads to it
@@ -37,8 +37,10 @@ def test_a_failing_run_is_reported_and_the_next_one_still_warms(sft_spec, tiny_m
     assert ok.status == "ok" and ok.files and ok.compile_seconds > 0
     assert any(f.path.endswith(".so") for f in ok.files)
     assert all((ok.cache_dir / f.path).is_file() for f in ok.files)
-    assert [e.event for e in events] == ["planned", "started", "finished", "started", "finished"]
+    # both went into one run first; it failed, so each ran again alone: the good one still warmed
+    assert [e.event for e in events].count("finished") == 2
     assert events[-1].units_done == events[-1].units_total == 2
+    assert "warmed in one run" not in ok.note and ok.shared_with == []
 
 
 def test_a_run_past_its_time_limit_is_killed_and_reported(sft_spec, tiny_model_dir, tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -148,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     shapes: list[tuple[int, ...]] = []
     extra: dict[str, Any] = {}
-    ranges = length_ranges(ns.min_tokens, [int(x) for x in str(ns.split).split(",")], ns.max_tokens, ns.steps)
+    # under torchrun each step takes one batch per process, in data order
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    splits = [int(x) for x in str(ns.split).split(",")]
+    ranges = [r for r in length_ranges(ns.min_tokens, splits, ns.max_tokens, ns.steps) for _ in range(world)]
     if spec.trainer == "sft":
         data = texts_for_sft(rng, ranges, batch)
     elif spec.trainer == "dpo":
@@ -200,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             if group in counters
         },
     }
-    Path(ns.out).write_text(json.dumps(result, indent=1))
+    rank = int(os.environ.get("RANK", "0"))
+    out = Path(ns.out) if rank == 0 else Path(ns.out).with_suffix(f".rank{rank}.json")
+    out.write_text(json.dumps(result, indent=1))
     return 0
 
 

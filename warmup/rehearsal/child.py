@@ -1,7 +1,7 @@
-"""One unit run in its own interpreter: `python -m warmup.rehearsal.child UNIT_JSON RESULT_JSON`.
+"""One run in its own interpreter: `python -m warmup.rehearsal.child RUN_JSON RESULT_JSON [PROGRESS]`.
 
 Used for multi-process jobs (each `torchrun` rank runs this; rank 0 writes the result) and when
-forking is not wanted. Forked children call `drivers.run_unit_to_file` directly instead.
+forking is not wanted. Forked children call `drivers.run_to_file` directly instead.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    from warmup.rehearsal.drivers import UnitJob, run_unit_to_file
+    from warmup.rehearsal.drivers import RunJob, run_to_file
 
-    job = UnitJob.from_json(Path(argv[0]).read_text())
-    return run_unit_to_file(job, Path(argv[1]), rank=int(os.environ.get("RANK", "0")))
+    job = RunJob.from_json(Path(argv[0]).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    progress = Path(argv[2]) if len(argv) > 2 and rank == 0 else None
+    return run_to_file(job, Path(argv[1]), rank=rank, progress=progress)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from warmup.backends import get_backend
-from warmup.errors import MissingDependencyError, RehearsalError, WarmupError
+from warmup.errors import RehearsalError, WarmupError
 from warmup.rehearsal.data import TextMaker, preference_rows, prompt_rows, reward_rows, sft_rows
 from warmup.rehearsal.units import RehearsalUnit
 from warmup.spec import Spec
@@ -65,20 +65,25 @@ LOADING_ONLY_KWARGS = (
 
 
 @dataclass
-class UnitJob:
-    """Everything a child needs to rehearse one unit."""
+class RunJob:
+    """Everything one rehearsal process needs: the job, its units (run as consecutive steps), dirs."""
 
     spec: Spec
-    unit: RehearsalUnit
+    units: list[RehearsalUnit]
     cache_dir: Path
     work_dir: Path
     plan_size: int
+
+    @property
+    def unit(self) -> RehearsalUnit:
+        """The first (for an evaluation: the only) unit of the run."""
+        return self.units[0]
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "spec": self.spec.model_dump(mode="json"),
-                "unit": self.unit.model_dump(mode="json"),
+                "units": [unit.model_dump(mode="json") for unit in self.units],
                 "cache_dir": str(self.cache_dir),
                 "work_dir": str(self.work_dir),
                 "plan_size": self.plan_size,
@@ -86,11 +91,11 @@ class UnitJob:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> UnitJob:
+    def from_json(cls, text: str) -> RunJob:
         data = json.loads(text)
         return cls(
             spec=Spec.model_validate(data["spec"]),
-            unit=RehearsalUnit.model_validate(data["unit"]),
+            units=[RehearsalUnit.model_validate(unit) for unit in data["units"]],
             cache_dir=Path(data["cache_dir"]),
             work_dir=Path(data["work_dir"]),
             plan_size=int(data["plan_size"]),
@@ -113,8 +118,13 @@ class _EvaluationDone(Exception):
 # --- entry point ---------------------------------------------------------------------------------
 
 
-def run_unit(job: UnitJob) -> dict[str, Any]:
-    """Rehearse one unit in this process; returns the outcome (written as result.json by the caller)."""
+def run(job: RunJob, progress: Path | None = None) -> dict[str, Any]:
+    """Rehearse a run's units in this process; returns the outcome, one entry per unit.
+
+    Train units run as consecutive optimizer steps of one train() (step k produces unit k), so a
+    run of several units costs what a cold training run spends compiling those shapes. `progress`,
+    if given, receives the number of finished steps as each one ends.
+    """
     start = time.perf_counter()
     backend = get_backend(job.spec.target.backend, job.spec.target.device)
     # Before anything compiles: the same settings warmup.activate() applies in a training process.
@@ -122,34 +132,111 @@ def run_unit(job: UnitJob) -> dict[str, Any]:
     counter = backend.counter(job.cache_dir)
     use_weights_from_config()
     trainer, observed = build_trainer(job)
-    run_start = time.perf_counter()
+    steps = StepAccounts(job, trainer, observed, progress)
+    trainer.add_callback(steps.callback())
     if job.unit.kind == "train":
         trainer.train()
     else:
         evaluate_as_in_training(trainer)
-    run_seconds = time.perf_counter() - run_start
-    check_shapes(job, trainer, observed)
+        steps.close_evaluation()
+    if len(steps.accounts) != len(job.units):
+        raise RehearsalError(f"the run finished {len(steps.accounts)} of {len(job.units)} steps")
+    units = {}
+    for unit, account in zip(job.units, steps.accounts, strict=True):
+        check_shapes(job.spec.trainer, unit, account)
+        units[str(unit.index)] = {
+            "compile_seconds": round(account.compile_seconds, 3),
+            "seconds": round(account.seconds, 3),
+            "observed": {
+                "batches": account.batches,
+                "forwards": account.forwards,
+                "prompts": account.prompts,
+            },
+        }
     fresh = counter.fresh()
     return {
         "status": "ok",
+        "units": units,
         "compile_seconds": round(dynamo_compile_seconds(), 3),
-        "run_seconds": round(run_seconds, 3),
-        "unit_seconds": round(time.perf_counter() - start, 3),
-        "observed": {
-            "batches": observed.batches,
-            "forwards": observed.forwards,
-            "prompts": observed.prompt_widths,
-        },
+        "run_seconds": round(time.perf_counter() - start, 3),
         "fresh_compiles": {**dict(fresh.counts), "new_files": len(fresh.new_files)},
     }
 
 
-def run_unit_to_file(job: UnitJob, result_path: Path, *, rank: int = 0) -> int:
-    """Run a unit, write its outcome (rank 0 only) and return an exit code; never raises."""
+@dataclass
+class StepAccount:
+    """What one step (one unit) did: its compile time, wall time and the shapes TRL produced."""
+
+    compile_seconds: float
+    seconds: float
+    batches: list[tuple[int, ...]]
+    forwards: list[tuple[int, ...]]
+    prompts: list[int]
+
+
+class StepAccounts:
+    """Splits a run into its units at step boundaries, and sets each GRPO/RLOO step's generation length.
+
+    Shapes are recorded where TRL uses them (the loss, the log-prob forwards, generation), so a
+    step's shapes are those recorded since the previous step ended.
+    """
+
+    def __init__(self, job: RunJob, trainer: Any, observed: Observed, progress: Path | None) -> None:
+        self.job, self.trainer, self.observed, self.progress = job, trainer, observed, progress
+        self.accounts: list[StepAccount] = []
+        self._marks = (0, 0, 0)
+        self._compile_start = 0.0
+        self._start = time.perf_counter()
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        accounts = self
+
+        class Steps(TrainerCallback):
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                accounts.begin(state.global_step)
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                accounts.end()
+
+        return Steps()
+
+    def begin(self, step: int) -> None:
+        if step >= len(self.job.units):
+            raise RehearsalError(f"the run went past its {len(self.job.units)} step(s)")
+        if self.job.spec.trainer in ("grpo", "rloo"):
+            _fix_generation_length(self.trainer, self.job.units[step])
+        self._compile_start = dynamo_compile_seconds()
+        self._start = time.perf_counter()
+
+    def end(self) -> None:
+        observed, (batches, forwards, prompts) = self.observed, self._marks
+        self.accounts.append(
+            StepAccount(
+                compile_seconds=dynamo_compile_seconds() - self._compile_start,
+                seconds=time.perf_counter() - self._start,
+                batches=observed.batches[batches:],
+                forwards=observed.forwards[forwards:],
+                prompts=observed.prompt_widths[prompts:],
+            )
+        )
+        self._marks = (len(observed.batches), len(observed.forwards), len(observed.prompt_widths))
+        if self.progress is not None:
+            self.progress.write_text(str(len(self.accounts)))
+
+    def close_evaluation(self) -> None:
+        """An evaluation has no step: the whole run is its one account."""
+        self._compile_start = 0.0
+        self.end()
+
+
+def run_to_file(job: RunJob, result_path: Path, *, rank: int = 0, progress: Path | None = None) -> int:
+    """Run, write the outcome (rank 0 only) and return an exit code; never raises."""
     try:
-        outcome = run_unit(job)
+        outcome = run(job, progress)
         code = 0
-    except BaseException as error:  # a rehearsal failure of any kind is this unit's result, not a crash
+    except BaseException as error:  # a rehearsal failure of any kind is this run's result, not a crash
         if isinstance(error, KeyboardInterrupt):
             raise
         traceback.print_exc()
@@ -258,16 +345,23 @@ REHEARSAL_OVERRIDES: dict[str, Any] = {
 }
 
 
-def build_config(job: UnitJob) -> Any:
+def build_config(job: RunJob) -> Any:
     """The job's TRL config with rehearsal's graph-neutral overrides, resolved by TRL on this device."""
     import trl
 
     spec, unit = job.spec, job.unit
     cls = getattr(trl, CONFIG_CLASSES[spec.trainer])
     known = {f.name for f in dataclasses.fields(cls)}
-    overrides = {**REHEARSAL_OVERRIDES, "output_dir": str(job.work_dir / "trainer")}
+    overrides = {
+        **REHEARSAL_OVERRIDES,
+        "output_dir": str(job.work_dir / "trainer"),
+        "max_steps": len(job.units),
+    }
+    # steps take their data in order: step k produces unit k
     if spec.trainer in ("sft", "dpo", "reward"):
         overrides["train_sampling_strategy"] = "sequential"
+    else:
+        overrides["shuffle_dataset"] = False
     if unit.kind == "eval":
         overrides.update(eval_strategy="steps", eval_steps=1, eval_on_start=True)
     else:
@@ -279,28 +373,43 @@ def build_config(job: UnitJob) -> Any:
         raise RehearsalError(f"TRL refused the job's config on this machine: {error}") from None
 
 
-def build_trainer(job: UnitJob) -> tuple[Any, Observed]:
+def build_trainer(job: RunJob) -> tuple[Any, Observed]:
     import trl
+    from datasets import Dataset
     from transformers import AutoTokenizer
 
-    spec, unit = job.spec, job.unit
+    spec = job.spec
     if spec.peft:
         raise RehearsalError("rehearsal of PEFT (LoRA) jobs is not written yet")
+    if job.unit.kind == "eval" and len(job.units) > 1:
+        raise RehearsalError("an evaluation is rehearsed alone, one per run")
     config = build_config(job)
     tokenizer = AutoTokenizer.from_pretrained(spec.model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # what TRL does when the tokenizer has none
     world = _world_size()
-    train_rows, eval_rows = _dataset_builder(spec.trainer)(job, config, tokenizer, world)
-    datasets = {"train_dataset": train_rows, "eval_dataset": eval_rows}
+    build = ROW_BUILDERS.get(spec.trainer, _prompt_rows)
+    train: list[dict[str, Any]] = []
+    evaluation: list[dict[str, Any]] | None = None
+    for unit in job.units:
+        rows, eval_rows = build(spec.trainer, unit, config, tokenizer, world)
+        train += rows
+        evaluation = eval_rows
     cls = getattr(trl, TRAINER_CLASSES[spec.trainer])
     extra: dict[str, Any] = {}
     if spec.trainer in ("grpo", "rloo"):
         extra["reward_funcs"] = zero_reward
-    trainer = cls(model=spec.model, args=config, processing_class=tokenizer, **datasets, **extra)
+    trainer = cls(
+        model=spec.model,
+        args=config,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list(train),
+        eval_dataset=Dataset.from_list(evaluation) if evaluation is not None else None,
+        **extra,
+    )
     observed = Observed()
     if spec.trainer in ("grpo", "rloo"):
-        _fix_generation_length(trainer, unit)
+        _fix_generation_length(trainer, job.unit)
         _record_forwards(trainer, observed)
     else:
         _record_batches(trainer, observed)
@@ -318,81 +427,55 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _dataset_builder(trainer: str) -> Callable[[UnitJob, Any, Any, int], tuple[Any, Any]]:
-    """The (train, eval) datasets of a unit; an eval unit still needs train data for train() to start."""
-    builders = {"sft": _sft_dataset, "dpo": _dpo_dataset, "reward": _reward_dataset}
-    if trainer in builders:
-        build = builders[trainer]
-
-        def batch_data(job: UnitJob, config: Any, tokenizer: Any, world: int) -> tuple[Any, Any]:
-            rows = build(job, config, tokenizer, world)
-            return rows, rows if job.unit.kind == "eval" else None
-
-        return batch_data
-    return _prompt_dataset
-
-
-def _batches_per_run(job: UnitJob, config: Any, world: int) -> tuple[int, int]:
-    """(rows per batch, batches in the run): one optimizer step of every process, or one eval pass."""
-    unit = job.unit
+def _batches(trainer: str, unit: RehearsalUnit, config: Any, world: int) -> tuple[int, int]:
+    """(rows per batch, batches): one optimizer step of every process, or one eval pass."""
     per_device = (
         config.per_device_eval_batch_size if unit.kind == "eval" else config.per_device_train_batch_size
     )
     # DPO and Reward batches stack chosen and rejected rows: the unit's batch is twice the pairs
-    rows = unit.batch // 2 if job.spec.trainer in ("dpo", "reward") else unit.batch
+    rows = unit.batch // 2 if trainer in ("dpo", "reward") else unit.batch
     if unit.kind == "eval" or rows < per_device:
         return rows, world  # a short (last) batch happens once per epoch
     return rows, config.gradient_accumulation_steps * world
 
 
-def _sft_dataset(job: UnitJob, config: Any, tokenizer: Any, world: int) -> Any:
-    from datasets import Dataset
-
-    rows, batches = _batches_per_run(job, config, world)
-    packing = (
-        bool(config.packing)
-        if job.unit.kind == "train"
-        else bool(config.packing if config.eval_packing is None else config.eval_packing)
+def _sft_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
+    rows, batches = _batches(trainer, unit, config, world)
+    packing = bool(
+        config.packing if unit.kind == "train" or config.eval_packing is None else config.eval_packing
     )
     if config.padding_free or (packing and config.packing_strategy in ("bfd", "bfd_split")):
         raise RehearsalError("rehearsal of padding-free SFT (bfd packing, padding_free) is not written yet")
     data = []
     for _ in range(batches):
         data += sft_rows(
-            tokenizer, rows, job.unit.seq_len, config.pad_to_multiple_of, config.max_length, packing=packing
+            tokenizer, rows, unit.seq_len, config.pad_to_multiple_of, config.max_length, packing=packing
         )
-    return Dataset.from_list(data)
+    return data, data if unit.kind == "eval" else None
 
 
-def _reward_dataset(job: UnitJob, config: Any, tokenizer: Any, world: int) -> Any:
-    from datasets import Dataset
-
-    pairs, batches = _batches_per_run(job, config, world)
+def _reward_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
+    pairs, batches = _batches(trainer, unit, config, world)
     data = []
     for _ in range(batches):
-        data += reward_rows(tokenizer, pairs, job.unit.seq_len, config.pad_to_multiple_of, config.max_length)
-    return Dataset.from_list(data)
+        data += reward_rows(tokenizer, pairs, unit.seq_len, config.pad_to_multiple_of, config.max_length)
+    return data, data if unit.kind == "eval" else None
 
 
-def _dpo_dataset(job: UnitJob, config: Any, tokenizer: Any, world: int) -> Any:
-    from datasets import Dataset
-
-    pairs, batches = _batches_per_run(job, config, world)
+def _dpo_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
+    pairs, batches = _batches(trainer, unit, config, world)
     texts = TextMaker(tokenizer)
     data = []
     for _ in range(batches):
         data += preference_rows(
-            texts, pairs, job.unit.seq_len, config.pad_to_multiple_of, config.max_length, tokenizer.eos_token
+            texts, pairs, unit.seq_len, config.pad_to_multiple_of, config.max_length, tokenizer.eos_token
         )
-    return Dataset.from_list(data)
+    return data, data if unit.kind == "eval" else None
 
 
-def _prompt_dataset(job: UnitJob, config: Any, tokenizer: Any, world: int) -> tuple[Any, Any]:
+def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
     """GRPO/RLOO: prompts for one generation round (TRL repeats each num_generations times), and
     for one eval batch on every process when the unit is an evaluation."""
-    from datasets import Dataset
-
-    unit = job.unit
     if unit.prompt_len is None or unit.completion_len is None:
         raise RehearsalError("a GRPO/RLOO unit needs its prompt and completion lengths")
     if config.use_vllm or getattr(config, "use_transformers_paged", False):
@@ -403,14 +486,21 @@ def _prompt_dataset(job: UnitJob, config: Any, tokenizer: Any, world: int) -> tu
         texts, config.generation_batch_size // config.num_generations, unit.prompt_len, multiple
     )
     if unit.kind == "train":
-        return Dataset.from_list(train), None
+        return train, None
     copies = config.num_generations_eval or config.num_generations
     if unit.batch % copies:
         raise RehearsalError(
             f"an eval batch of {unit.batch} rows is not a whole number of {copies} generations"
         )
-    evaluation = prompt_rows(texts, unit.batch // copies * world, unit.prompt_len, multiple)
-    return Dataset.from_list(train), Dataset.from_list(evaluation)
+    return train, prompt_rows(texts, unit.batch // copies * world, unit.prompt_len, multiple)
+
+
+RowsPair = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
+ROW_BUILDERS: dict[str, Callable[[str, RehearsalUnit, Any, Any, int], RowsPair]] = {
+    "sft": _sft_rows,
+    "dpo": _dpo_rows,
+    "reward": _reward_rows,
+}
 
 
 def _fix_generation_length(trainer: Any, unit: RehearsalUnit) -> None:
@@ -427,14 +517,17 @@ def _fix_generation_length(trainer: Any, unit: RehearsalUnit) -> None:
 
 
 def _record_batches(trainer: Any, observed: Observed) -> None:
-    collator = trainer.data_collator
+    """Record the shape of every batch as the loss is computed on it.
 
-    def recording_collator(examples: list[Any]) -> Any:
-        batch = collator(examples)
-        observed.batches.append(tuple(batch["input_ids"].shape))
-        return batch
+    Not in the collator: the dataloader fetches the next batch before the current step ends.
+    """
+    compute_loss = trainer.compute_loss
 
-    trainer.data_collator = recording_collator
+    def recording_compute_loss(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        observed.batches.append(tuple(inputs["input_ids"].shape))
+        return compute_loss(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = recording_compute_loss
 
 
 def _record_forwards(trainer: Any, observed: Observed) -> None:
@@ -482,32 +575,25 @@ def evaluate_as_in_training(trainer: Any) -> None:
     raise RehearsalError("the evaluation never ran: train() finished without evaluating")
 
 
-def check_shapes(job: UnitJob, trainer: Any, observed: Observed) -> None:
-    unit = job.unit
+def check_shapes(trainer: str, unit: RehearsalUnit, account: StepAccount) -> None:
+    """Fail the run unless TRL produced exactly the unit's shapes (never publish a wrong entry)."""
     want = (unit.batch, unit.seq_len)
-    if job.spec.trainer in ("grpo", "rloo"):
-        seen = set(observed.forwards)
+    if trainer in ("grpo", "rloo"):
+        seen = set(account.forwards)
         if not seen:
             raise RehearsalError("the GRPO/RLOO step ran no log-prob forward; nothing was rehearsed")
         if seen != {want}:
             raise RehearsalError(
                 f"the step produced forward shapes {sorted(seen)}, the unit needs only {want}"
             )
-        if unit.prompt_len is not None and set(observed.prompt_widths) != {unit.prompt_len}:
+        if unit.prompt_len is not None and set(account.prompts) != {unit.prompt_len}:
             raise RehearsalError(
-                f"generation used prompt widths {sorted(set(observed.prompt_widths))}, "
+                f"generation used prompt widths {sorted(set(account.prompts))}, "
                 f"the unit needs {unit.prompt_len}"
             )
         return
-    seen = set(observed.batches)
+    seen = set(account.batches)
     if not seen:
         raise RehearsalError("the trainer collated no batch; nothing was rehearsed")
     if seen != {want}:
         raise RehearsalError(f"the trainer produced batch shapes {sorted(seen)}, the unit needs only {want}")
-
-
-def ensure_trl() -> None:
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        raise MissingDependencyError("rehearsal needs TRL: pip install 'trl-warmup[trl]'") from None

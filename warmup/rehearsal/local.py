@@ -19,9 +19,10 @@ from typing import Any
 from warmup.activation import read_manifest
 from warmup.artifacts import MANIFEST_NAME, ArtifactFile, copy_tree
 from warmup.errors import ToolchainMismatchError
-from warmup.rehearsal import Progress, SignatureResult, rehearse
+from warmup.rehearsal import Progress, Rehearsal, SignatureResult, rehearse, rehearse_spec
 from warmup.signature import Signature
 from warmup.spec import Spec
+from warmup.toolchain import Toolchain
 
 MANIFEST_FORMAT = 1
 
@@ -51,55 +52,56 @@ def warm_directory(
     keep_work: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> WarmReport:
-    """Warm every signature of `spec` (or the given ones) into `cache_dir` on this machine."""
-    from warmup.toolchain import current_toolchain
+    """Warm every signature of `spec` (or the given ones) into `cache_dir` on this machine.
 
+    Planning and the toolchain come from the rehearsal supervisor (it imports TRL anyway), so this
+    process stays light. Raises ToolchainMismatchError, before compiling anything, when the
+    directory was warmed under another toolchain.
+    """
     cache = Path(cache_dir).expanduser().absolute()
     cache.mkdir(parents=True, exist_ok=True)
-    warnings: list[str] = []
-    if signatures is None:
-        from warmup.planner import plan_spec
-
-        plan = plan_spec(spec)
-        signatures, warnings = plan.signatures, plan.warnings
-    toolchain = current_toolchain(spec.target.backend, spec.target.device)
     manifest = read_manifest(cache) or {}
-    if manifest.get("toolchain"):
-        previous = type(toolchain).model_validate(manifest["toolchain"])
-        if previous.key() != toolchain.key():
-            raise ToolchainMismatchError(toolchain.diff(previous), what=f"toolchain of {cache}")
     entries: dict[str, Any] = dict(manifest.get("entries", {}))
-    reused = {s.key() for s in signatures if _entry_present(entries.get(s.key()), cache)}
-    todo = [s for s in signatures if s.key() not in reused]
+    present = {key for key, entry in entries.items() if _entry_present(entry, cache)}
+
+    def check_toolchain(rehearsal: Rehearsal) -> None:
+        if manifest.get("toolchain") and rehearsal.toolchain is not None:
+            previous = Toolchain.model_validate(manifest["toolchain"])
+            if previous.key() != rehearsal.toolchain.key():
+                raise ToolchainMismatchError(rehearsal.toolchain.diff(previous), what=f"toolchain of {cache}")
 
     work = Path(work_dir).absolute() if work_dir else cache.parent / f".{cache.name}.warmup-work"
     if work.exists():
         shutil.rmtree(work)
-    fresh: list[SignatureResult] = []
-    if todo:
-        fresh = rehearse(
-            spec,
-            todo,
-            work,
-            timeout_s=timeout_s,
-            jobs=jobs,
-            plan_size=len(signatures),
-            on_progress=on_progress,
+    options = {"timeout_s": timeout_s, "jobs": jobs, "on_progress": on_progress}
+    if signatures is None:
+        rehearsal = rehearse_spec(spec, work, skip=present, on_planned=check_toolchain, **options)
+    else:
+        from warmup.toolchain import current_toolchain
+
+        world = spec.target.world_size
+        toolchain = current_toolchain(spec.target.backend, spec.target.device, world_size=world)
+        todo = [s for s in signatures if s.key() not in present]
+        results = rehearse(spec, todo, work, plan_size=len(signatures), **options) if todo else []
+        rehearsal = Rehearsal(
+            signatures, [], toolchain, [s.key() for s in signatures if s.key() in present], results
         )
-    for result in fresh:
+        check_toolchain(rehearsal)
+    for result in rehearsal.results:
         if result.status == "ok" and result.cache_dir is not None:
             copy_tree(result.cache_dir, cache, result.files)
         entries[result.key] = _entry(result)
-    _write_manifest(cache, spec, toolchain.model_dump(mode="json"), entries)
-    if not keep_work and all(r.status == "ok" for r in fresh) and work.exists():
+    assert rehearsal.toolchain is not None
+    _write_manifest(cache, spec, rehearsal.toolchain.model_dump(mode="json"), entries)
+    if not keep_work and all(r.status == "ok" for r in rehearsal.results) and work.exists():
         shutil.rmtree(work)
 
-    by_key = {r.key: r for r in fresh}
+    by_key = {r.key: r for r in rehearsal.results}
+    reused = {s.key() for s in rehearsal.signatures if s.key() not in by_key}
     results = [
-        by_key[s.key()] if s.key() in by_key else _reused_result(s, entries[s.key()], cache)
-        for s in signatures
+        by_key.get(s.key()) or _reused_result(s, entries[s.key()], cache) for s in rehearsal.signatures
     ]
-    return WarmReport(cache_dir=cache, results=results, reused=reused, warnings=warnings)
+    return WarmReport(cache_dir=cache, results=results, reused=reused, warnings=rehearsal.warnings)
 
 
 def _entry(result: SignatureResult) -> dict[str, Any]:
