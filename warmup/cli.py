@@ -129,7 +129,8 @@ class WarmProgress:
         detail = f"compile {first.compile_seconds:.1f}s, {len(first.files)} files, {format_size(first.size)}"
         if first.status != "ok":
             detail = first.note
-        self._print(f"{position} {unit.label}: {first.status} ({detail}); elapsed {elapsed}{self._left(progress)}")
+        left = self._left(progress)
+        self._print(f"{position} {unit.label}: {first.status} ({detail}); elapsed {elapsed}{left}")
 
     def _left(self, progress: Any) -> str:
         begun = sorted(self.started.values())
