@@ -1,11 +1,10 @@
-"""Signatures -> rehearsal units: the runs that produce them.
+"""Signatures -> rehearsal units: the training steps (or evaluations) that produce them.
 
-A unit is one run of the user's trainer (one process, one fresh cache directory) that produces a
-set of signatures at once. TRL's own steps decide the grouping: a DPO training step runs the policy
-forward and backward and the reference forward on the same batch, a GRPO step generates, scores
-(reference / old log-probs) and trains, so the signatures of one step share one unit. Every
-signature of a unit gets the unit's files as its entry: a superset of what it needs, self-contained,
-and stored once by the blob store.
+A unit is one step of the user's trainer that produces a set of signatures at once. TRL's own
+steps decide the grouping: a DPO training step runs the policy forward and backward and the
+reference forward on the same batch, a GRPO step generates, scores (reference / old log-probs) and
+trains, so the signatures of one step share one unit and one entry. (The supervisor may in turn run
+several training units as consecutive steps of one process, see `zygote`.)
 
 Signatures that compile nothing on the target get no unit: their entry is empty and says why
 (`eager_reason`: the planner's `compile == "eager"`, and under Inductor generation, Trainer
