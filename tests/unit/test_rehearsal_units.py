@@ -119,3 +119,19 @@ def test_a_generation_signature_without_a_step_is_refused_on_neuron():
     train = sig("train", 4, 32, trainer="grpo", compile="neuron")
     with pytest.raises(RehearsalError, match="generation signature"):
         plan_units("grpo", [train, prefill], backend="neuron", pad_to_multiple_of=16, max_completion_length=8)
+
+
+def test_training_units_share_one_run_with_at_most_one_short_batch_last():
+    from warmup.rehearsal.zygote import group_runs
+
+    full64, full32 = sig("train", 4, 64), sig("train", 4, 32)
+    short32, short64 = sig("train", 3, 32), sig("train", 2, 64)
+    evaluation = sig("ref", 6, 32, trainer="dpo")
+    units = plan_units("sft", [full64, full32, short32, short64], pad_to_multiple_of=32).units
+    runs = group_runs(units, train_rows=4, grouping=True)
+    group, *alone = runs
+    assert [(u.batch, u.seq_len) for u in group] == [(4, 32), (4, 64), (2, 64)]
+    assert [[(u.batch, u.seq_len) for u in run] for run in alone] == [[(3, 32)]]
+    assert group_runs(units, train_rows=4, grouping=False) == [[u] for u in units]
+    dpo = plan_units("dpo", [sig("train", 8, 32, trainer="dpo"), evaluation], pad_to_multiple_of=None).units
+    assert group_runs(dpo, train_rows=8, grouping=True) == [[u] for u in dpo]  # one training unit: no group

@@ -51,9 +51,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import warmup
+from warmup import errors
 from warmup.artifacts import ArtifactFile
 from warmup.backends import get_backend
-from warmup.errors import RehearsalError
+from warmup.errors import FieldProblem, RehearsalError, WarmupError
 from warmup.rehearsal.units import RehearsalUnit, UnitPlan, plan_units
 from warmup.rehearsal.zygote import EVENT_PREFIX, run_paths
 from warmup.signature import Signature
@@ -291,14 +292,14 @@ class _Session:
 
     def follow(self, process: subprocess.Popen) -> None:
         assert process.stdout is not None
-        error: str | None = None
+        error: dict[str, Any] | None = None
         for raw in process.stdout:
             line = raw.decode(errors="replace")
             if not line.startswith(EVENT_PREFIX):
                 continue
             event = json.loads(line[len(EVENT_PREFIX) :])
             if event["event"] == "error":
-                error = event["message"]
+                error = event
             elif event["event"] == "planned":
                 try:
                     self._planned(event)
@@ -314,7 +315,7 @@ class _Session:
         if self.aborted is not None:
             raise self.aborted
         if error is not None:
-            raise RehearsalError(error)
+            raise _supervisor_error(error)
         if self.plan is None:
             log = _tail(self.root / "supervisor.log")
             raise RehearsalError(
@@ -432,6 +433,18 @@ class _Session:
 
     def results_in_order(self) -> list[SignatureResult]:
         return [self.results[s.key()] for s in self.signatures if s.key() in self.results]
+
+
+def _supervisor_error(event: dict[str, Any]) -> WarmupError:
+    """The error the supervisor met while planning, as the same exception class where possible."""
+    if event.get("type") in ("SpecError", "UnknownTrainerError", "PlanTooLargeError"):
+        cls = getattr(errors, event["type"])
+        return cls([FieldProblem(loc, msg) for loc, msg in event.get("problems") or []] or event["message"])
+    cls = getattr(errors, str(event.get("type")), RehearsalError)
+    if isinstance(cls, type) and issubclass(cls, WarmupError) and cls is not errors.ToolchainMismatchError:
+        with contextlib.suppress(TypeError):
+            return cls(event["message"])
+    return RehearsalError(event["message"])
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

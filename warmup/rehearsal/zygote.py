@@ -186,7 +186,8 @@ def main(argv: list[str]) -> int:
             generation_rows=facts["generation_rows"],
         )
     except WarmupError as error:
-        emit("error", message=str(error))
+        problems = [[p.loc, p.msg] for p in getattr(error, "problems", [])]
+        emit("error", message=str(error), type=type(error).__name__, problems=problems)
         return 2
     emit(
         "planned",
