@@ -25,6 +25,7 @@ def _sft(model) -> dict:
             "max_length": 32,
             "pad_to_multiple_of": 32,
             "torch_compile": True,
+            "bf16": False,
         },
         "data": {"min_tokens": 10, "max_tokens": 32},
         "target": {"backend": "inductor", "device": "cpu"},
@@ -56,7 +57,7 @@ def test_a_directory_of_another_toolchain_is_refused_before_compiling(tiny_model
 
 def test_a_trainer_without_rehearsal_is_a_clear_error(tiny_model_dir, tmp_path):
     spec = {**_sft(tiny_model_dir), "trainer": "kto"}
-    spec["args"] = {"per_device_train_batch_size": 2, "max_length": 32, "torch_compile": True}
+    spec["args"] = {"per_device_train_batch_size": 2, "max_length": 32, "torch_compile": True, "bf16": False}
     done = _warm(spec, tmp_path / "cache", tmp_path)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]

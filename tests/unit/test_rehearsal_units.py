@@ -130,8 +130,8 @@ def test_training_units_share_one_run_with_at_most_one_short_batch_last():
     units = plan_units("sft", [full64, full32, short32, short64], pad_to_multiple_of=32).units
     runs = group_runs(units, train_rows=4, grouping=True)
     group, *alone = runs
-    assert [(u.batch, u.seq_len) for u in group] == [(4, 32), (4, 64), (2, 64)]
-    assert [[(u.batch, u.seq_len) for u in run] for run in alone] == [[(3, 32)]]
+    assert [(u.batch, u.seq_len) for u in group] == [(4, 32), (4, 64), (3, 32)]
+    assert [[(u.batch, u.seq_len) for u in run] for run in alone] == [[(2, 64)]]
     assert group_runs(units, train_rows=4, grouping=False) == [[u] for u in units]
     dpo = plan_units("dpo", [sig("train", 8, 32, trainer="dpo"), evaluation], pad_to_multiple_of=None).units
     assert group_runs(dpo, train_rows=8, grouping=True) == [[u] for u in dpo]  # one training unit: no group

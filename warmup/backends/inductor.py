@@ -85,6 +85,7 @@ class InductorBackend:
         Path(env[self.cache_env_var]).mkdir(parents=True, exist_ok=True)
         import torch._dynamo.config
         import torch._functorch.config
+        import torch._inductor.compile_fx  # the compiler stack: imported now, not in the first step
         import torch._inductor.config
         import torch.compiler.config
 
