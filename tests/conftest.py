@@ -1,3 +1,36 @@
-"""Shared pytest configuration. Service fixtures (PostgreSQL, SQLite, S3) live in tests/fixtures."""
+"""Shared pytest configuration.
+
+Service fixtures (PostgreSQL, SQLite, S3) live in tests/fixtures. Subprocesses started by tests
+(`python -m warmup ...`, training jobs) import the project from this checkout: its root goes first
+on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = ["tests.fixtures.services"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO_ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """config.json + tokenizer of a 2-layer, 64-wide Qwen3 causal LM (no weights)."""
+    from tests.e2e.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def user_weights_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint of the tiny model with its own random weights: what a user trains from."""
+    from tests.e2e.tiny_model import save_weights
+
+    return save_weights(tiny_model_dir, tmp_path_factory.mktemp("user-weights"), seed=1234)

@@ -235,8 +235,8 @@ def package_version(distribution: str) -> str | None:
 # --- the environment this process runs in -------------------------------------------------------
 
 
-def current_toolchain(backend: str, device: str) -> Toolchain:
-    """This process's toolchain for `backend` on `device`.
+def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Toolchain:
+    """This machine's toolchain for `backend` on `device`, as seen by a job of `world_size` processes.
 
     Raises BackendUnavailableError when this machine cannot run that combination (no GPU, no
     torch-neuronx, ...). Imports torch.
@@ -264,7 +264,7 @@ def current_toolchain(backend: str, device: str) -> Toolchain:
         "env": compile_env(),
     }
     if device == "cpu":
-        facts.update(device_kind="cpu", cpu_isa=cpu_vec_isa(), num_threads=torch.get_num_threads())
+        facts.update(device_kind="cpu", cpu_isa=cpu_vec_isa(), num_threads=training_threads(world_size))
     elif device == "cuda":
         if not torch.cuda.is_available():
             raise BackendUnavailableError(
@@ -282,6 +282,19 @@ def current_toolchain(backend: str, device: str) -> Toolchain:
             compiler_flags=canonical_neuron_cc_flags(os.environ.get("NEURON_CC_FLAGS")),
         )
     return Toolchain(**facts)
+
+
+def training_threads(world_size: int) -> int:
+    """The thread count torch uses in each training process of a job of `world_size` processes.
+
+    Inside a process this is torch.get_num_threads(). Outside (a warm-up CLI or a pod's `warmup pull`
+    before `torchrun`), several ranks each get OMP_NUM_THREADS, which torchrun sets to 1 when unset.
+    """
+    import torch
+
+    if world_size > 1 and "LOCAL_RANK" not in os.environ:
+        return int(os.environ.get("OMP_NUM_THREADS") or 1)
+    return torch.get_num_threads()
 
 
 def cpu_vec_isa() -> str:

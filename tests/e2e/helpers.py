@@ -1,0 +1,99 @@
+"""Helpers of the end-to-end tests: specs on disk, hand-built signatures, a user's job in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from warmup.model_facts import read_model_facts
+from warmup.signature import Signature
+
+TRAIN_JOB = Path(__file__).with_name("train_job.py")
+
+
+def write_spec(path: Path, trainer: str, model: Path, args: dict[str, Any], data: dict[str, Any]) -> Path:
+    spec = {
+        "trainer": trainer,
+        "model": str(model),
+        "args": {
+            "torch_compile": True,
+            "bf16": False,
+            "gradient_checkpointing": False,
+            "use_cpu": True,
+            **args,
+        },
+        "data": data,
+        "target": {"backend": "inductor", "device": "cpu"},
+    }
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def signature(trainer: str, model: Path, phase: str, batch: int, seq_len: int, **kw: Any) -> Signature:
+    """A signature as the planner writes it (for trainers whose planner this branch does not have)."""
+    return Signature(
+        phase=phase,
+        batch=batch,
+        seq_len=seq_len,
+        cache_len=kw.pop("cache_len", None),
+        trainer=trainer,
+        model=read_model_facts(str(model)).config_hash,
+        dtype="float32",
+        compile=kw.pop("compile", "inductor"),
+        settings=kw,
+    )
+
+
+def run(command: list[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=timeout)
+
+
+def run_job(
+    spec: Path,
+    weights: Path,
+    cache: Path | None,
+    out: Path,
+    *,
+    low: int,
+    split: int,
+    high: int,
+    **options: Any,
+) -> dict[str, Any]:
+    """Run train_job.py in a fresh process; its JSON report. Fails the test with the job's output."""
+    command = [sys.executable, TRAIN_JOB, "--spec", spec, "--weights", weights, "--out", out]
+    command += ["--min-tokens", low, "--split", split, "--max-tokens", high]
+    if cache is not None:
+        command += ["--cache-dir", cache]
+    for name, value in options.items():
+        command += [f"--{name.replace('_', '-')}", value]
+    done = run(command)
+    assert done.returncode == 0, f"training job failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return json.loads(out.read_text())
+
+
+def no_fresh_compiles(report: dict[str, Any]) -> bool:
+    fresh = report["fresh_compiles"]
+    return (
+        all(value == 0 for name, value in fresh.items() if name != "new_files") and fresh["new_files"] == []
+    )
+
+
+def only_empty_locks_appeared(cache: Path, before: set[str]) -> list[str]:
+    """Files that appeared in `cache` since `before`, other than empty lock files; [] is the goal.
+
+    Inductor takes a file lock (`locks/<kernel>.lock`, empty) each time it loads a kernel, even on a
+    cache hit; a lock is coordination, not a compile. Anything else appearing means something compiled.
+    """
+    from warmup.artifacts import list_paths
+
+    appeared = sorted(list_paths(cache) - before)
+    return [
+        path
+        for path in appeared
+        if not (path.startswith("locks/") and path.endswith(".lock") and (cache / path).stat().st_size == 0)
+    ]

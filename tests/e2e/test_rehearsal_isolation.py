@@ -1,0 +1,52 @@
+"""A crash or a hang in one rehearsal run never takes the others down, and never publishes files."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.helpers import signature, write_spec
+from warmup.rehearsal import rehearse
+from warmup.spec import load_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def sft_spec(tiny_model_dir, tmp_path):
+    path = write_spec(
+        tmp_path / "sft.yaml",
+        "sft",
+        tiny_model_dir,
+        {"per_device_train_batch_size": 2, "max_length": 64, "pad_to_multiple_of": 32},
+        {"min_tokens": 20, "max_tokens": 64},
+    )
+    return load_spec(path)
+
+
+def test_a_failing_signature_is_reported_and_the_others_still_warm(sft_spec, tiny_model_dir, tmp_path):
+    impossible = signature(
+        "sft", tiny_model_dir, "train", 2, 48
+    )  # not a multiple of 32: TRL never pads to it
+    good = signature("sft", tiny_model_dir, "train", 2, 32)
+    events = []
+    failed, ok = rehearse(sft_spec, [impossible, good], tmp_path / "work", on_progress=events.append)
+    assert failed.status == "failed" and not failed.files and failed.cache_dir is None
+    assert "never produces" in failed.note and "RehearsalError" in failed.log_tail
+    assert ok.status == "ok" and ok.files and ok.compile_seconds > 0
+    assert any(f.path.endswith(".so") for f in ok.files)
+    assert all((ok.cache_dir / f.path).is_file() for f in ok.files)
+    # both went into one run first; it failed, so each ran again alone: the good one still warmed
+    assert [e.event for e in events].count("finished") == 2
+    assert events[-1].units_done == events[-1].units_total == 2
+    assert "warmed in one run" not in ok.note and ok.shared_with == []
+
+
+def test_a_run_past_its_time_limit_is_killed_and_reported(sft_spec, tiny_model_dir, tmp_path):
+    slow = signature("sft", tiny_model_dir, "train", 2, 64)
+    start = time.monotonic()
+    (result,) = rehearse(sft_spec, [slow], tmp_path / "work", timeout_s=3)
+    assert result.status == "timed_out" and not result.files
+    assert "time limit" in result.note
+    assert time.monotonic() - start < 60  # killed, not waited for

@@ -1,0 +1,220 @@
+"""The proof: a warmed cache serves a real TRL training run, in a fresh process, with zero fresh compiles.
+
+Each test warms a small plan of a tiny Qwen3-style model on this machine, then runs the user's
+trainer with other weights and other, varied-length data over the cache after `warmup.activate`:
+Inductor's FX and AOTAutograd caches must never miss, no file may appear in the cache directory (but
+the empty lock files Inductor takes to load a kernel), and every warmed shape must actually be met
+(so a hit is not a shape the run never tried).
+
+SFT goes through `warmup warm` and the SFT planner. GRPO and DPO signatures are written by hand from
+shared/notes/trl-shapes.md (their planners land on another branch) and warmed with the same API.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.e2e.helpers import (
+    TRAIN_JOB,
+    no_fresh_compiles,
+    only_empty_locks_appeared,
+    run,
+    run_job,
+    signature,
+    write_spec,
+)
+from warmup.artifacts import list_paths
+
+pytestmark = pytest.mark.slow
+
+
+def test_sft_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, tmp_path):
+    spec = write_spec(
+        tmp_path / "sft.yaml",
+        "sft",
+        tiny_model_dir,
+        {"per_device_train_batch_size": 2, "max_length": 64, "pad_to_multiple_of": 32},
+        {"num_train_examples": 8, "min_tokens": 20, "max_tokens": 64},
+    )
+    cache = tmp_path / "cache"
+    warm = run([sys.executable, "-m", "warmup", "warm", spec, "--cache-dir", cache])
+    assert warm.returncode == 0, warm.stderr[-5000:]
+    assert "[1/2]" in warm.stderr and "[2/2]" in warm.stderr and "left" in warm.stderr
+    assert "train 2x32" in warm.stdout and "train 2x64" in warm.stdout
+    manifest = json.loads((cache / "trl-warmup.json").read_text())
+    assert [entry["status"] for entry in manifest["entries"].values()] == ["ok", "ok"]
+    assert all(any(f["path"].endswith(".so") for f in e["files"]) for e in manifest["entries"].values())
+
+    before = list_paths(cache)
+    report = run_job(
+        spec, user_weights_dir, cache, tmp_path / "job.json", low=20, split=32, high=64, steps=4, data_seed=11
+    )
+    assert no_fresh_compiles(report), report["fresh_compiles"]
+    assert only_empty_locks_appeared(cache, before) == []
+    assert {tuple(shape) for shape in report["shapes"]} == {(2, 32), (2, 64)}
+    assert report["counters"]["inductor"]["fxgraph_cache_hit"] > 0
+    assert report["counters"]["aot_autograd"]["autograd_cache_hit"] > 0
+
+    again = run([sys.executable, "-m", "warmup", "warm", spec, "--cache-dir", cache])
+    assert again.returncode == 0 and again.stdout.count("reused") == 2  # nothing to redo
+
+
+def test_grpo_with_a_static_cache_warm_then_train_compiles_nothing(
+    tiny_model_dir, user_weights_dir, tmp_path
+):
+    from warmup.rehearsal.local import warm_directory
+    from warmup.spec import load_spec
+
+    # prompts of 5..30 tokens pad to 16 or 32; completions of at most 8 pad to 16; cache 32 + 8 - 1
+    args = {
+        "per_device_train_batch_size": 4,
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "pad_to_multiple_of": 16,
+        "cache_implementation": "static",
+        "generation_kwargs": {"max_cache_len": 39},
+        "beta": 0.04,
+    }
+    spec_path = write_spec(
+        tmp_path / "grpo.yaml",
+        "grpo",
+        tiny_model_dir,
+        args,
+        {"min_prompt_tokens": 5, "max_prompt_tokens": 30},
+    )
+
+    def grpo(phase, batch, seq_len, **kw):
+        return signature("grpo", tiny_model_dir, phase, batch, seq_len, **kw)
+
+    signatures = [
+        grpo("train", 4, 32),
+        grpo("train", 4, 48),
+        grpo("ref", 4, 32),
+        grpo("ref", 4, 48),
+        grpo("generate_prefill", 4, 16, cache_len=39),
+        grpo("generate_prefill", 4, 32, cache_len=39),
+        grpo("generate_decode", 4, 1, cache_len=39),
+    ]
+    cache = tmp_path / "cache"
+    report = warm_directory(load_spec(spec_path), cache, signatures=signatures)
+    assert report.ok, [
+        (r.signature.shape_label, r.status, r.note, r.log_tail[-2000:]) for r in report.results
+    ]
+    by_phase = {}
+    for result in report.results:
+        by_phase.setdefault(result.signature.phase, []).append(result)
+    assert all(r.files for r in by_phase["train"] + by_phase["ref"])
+    # generation runs eager on Inductor: empty entries that say why
+    assert all(not r.files and "disable_compile" in r.note for r in by_phase["generate_prefill"])
+
+    before = list_paths(cache)
+    job = run_job(
+        spec_path,
+        user_weights_dir,
+        cache,
+        tmp_path / "job.json",
+        low=5,
+        split=16,
+        high=30,
+        steps=4,
+        plan_size=len(signatures),
+        data_seed=5,
+    )
+    assert no_fresh_compiles(job), job["fresh_compiles"]
+    assert only_empty_locks_appeared(cache, before) == []
+    # policy (0) and reference (1) forwards over both widths
+    assert {tuple(shape) for shape in job["shapes"]} == {(4, 32, 0), (4, 32, 1), (4, 48, 0), (4, 48, 1)}
+
+
+def test_dpo_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, tmp_path):
+    from warmup.rehearsal.local import warm_directory
+    from warmup.spec import load_spec
+
+    spec_path = write_spec(
+        tmp_path / "dpo.yaml",
+        "dpo",
+        tiny_model_dir,
+        {"per_device_train_batch_size": 2, "max_length": 64, "pad_to_multiple_of": 32},
+        {"min_tokens": 20, "max_tokens": 64},
+    )
+    # chosen and rejected rows stack: 2 x 2 rows; the reference model runs on the same batch
+    signatures = [
+        signature("dpo", tiny_model_dir, phase, 4, width) for phase in ("train", "ref") for width in (32, 64)
+    ]
+    cache = tmp_path / "cache"
+    report = warm_directory(load_spec(spec_path), cache, signatures=signatures)
+    assert report.ok, [
+        (r.signature.shape_label, r.status, r.note, r.log_tail[-2000:]) for r in report.results
+    ]
+    units = {r.unit for r in report.results}
+    assert len(units) == 2  # the reference rides with the training step of its shape
+
+    before = list_paths(cache)
+    job = run_job(
+        spec_path,
+        user_weights_dir,
+        cache,
+        tmp_path / "job.json",
+        low=20,
+        split=32,
+        high=64,
+        steps=4,
+        plan_size=len(signatures),
+        data_seed=3,
+    )
+    assert no_fresh_compiles(job), job["fresh_compiles"]
+    assert only_empty_locks_appeared(cache, before) == []
+    assert {tuple(shape) for shape in job["shapes"]} == {(4, 32), (4, 64)}
+
+
+def test_two_process_sft_is_warmed_under_torchrun_and_trains_with_zero_compiles(
+    tiny_model_dir, user_weights_dir, tmp_path
+):
+    """DDP changes the compiled graphs (Dynamo splits them at bucket boundaries): the warm-up runs the
+    job's number of processes under torchrun (gloo on CPU), and so does the training run."""
+    spec = write_spec(
+        tmp_path / "sft-ddp.yaml",
+        "sft",
+        tiny_model_dir,
+        {"per_device_train_batch_size": 2, "max_length": 32, "pad_to_multiple_of": 32},
+        {"min_tokens": 10, "max_tokens": 32},
+    )
+    text = spec.read_text().replace("device: cpu", "device: cpu\n  world_size: 2")
+    spec.write_text(text)
+    cache = tmp_path / "cache"
+    warm = run([sys.executable, "-m", "warmup", "warm", spec, "--cache-dir", cache])
+    assert warm.returncode == 0, warm.stderr[-5000:]
+    (entry,) = json.loads((cache / "trl-warmup.json").read_text())["entries"].values()
+    assert entry["status"] == "ok" and entry["signature"]["world_size"] == 2 and entry["files"]
+
+    before = list_paths(cache)
+    out = tmp_path / "job.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
+    command += [
+        f"--master-port={_free_port()}",
+        str(TRAIN_JOB),
+        "--spec",
+        spec,
+        "--weights",
+        user_weights_dir,
+    ]
+    command += ["--cache-dir", cache, "--out", out, "--steps", 2, "--min-tokens", 10, "--split", 31]
+    command += ["--max-tokens", 32]
+    done = run(command)
+    assert done.returncode == 0, done.stderr[-6000:]
+    for report_path in (out, out.with_suffix(".rank1.json")):
+        report = json.loads(report_path.read_text())
+        assert no_fresh_compiles(report), report["fresh_compiles"]
+        assert {tuple(shape) for shape in report["shapes"]} == {(2, 32)}
+    assert only_empty_locks_appeared(cache, before) == []
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,187 @@
+"""The toolchain: stable across processes, differences named by field, Neuron facts without hardware."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from warmup.errors import BackendUnavailableError, SpecError, ToolchainMismatchError
+from warmup.toolchain import (
+    Toolchain,
+    canonical_neuron_cc_flags,
+    compile_env,
+    current_toolchain,
+    neuron_lnc,
+    neuron_target_from_name,
+)
+
+TOOLCHAIN_SCRIPT = (
+    "from warmup.toolchain import current_toolchain; print(current_toolchain('inductor', 'cpu').key())"
+)
+
+
+def _toolchain(**changes: object) -> Toolchain:
+    facts = {
+        "backend": "inductor",
+        "device": "cpu",
+        "python": "3.11.7",
+        "torch": "2.13.0+cpu",
+        "torch_key": "ab" * 32,
+        "transformers": "5.24.0",
+        "trl": "1.16.0",
+        "accelerate": "1.15.0",
+        "device_kind": "cpu",
+        "cpu_isa": "avx512",
+        "num_threads": 2,
+        "env": {"TORCHINDUCTOR_MAX_AUTOTUNE": "0"},
+    }
+    facts.update(changes)
+    return Toolchain(**facts)
+
+
+def test_current_toolchain_is_the_same_in_two_fresh_processes():
+    keys = {
+        subprocess.run(
+            [sys.executable, "-c", TOOLCHAIN_SCRIPT], capture_output=True, text=True, check=True
+        ).stdout
+        for _ in range(2)
+    }
+    assert len(keys) == 1
+    key = keys.pop().strip()
+    assert key == current_toolchain("inductor", "cpu").key()
+
+
+def test_current_toolchain_on_cpu_records_isa_threads_and_versions():
+    import torch
+
+    toolchain = current_toolchain("inductor", "cpu")
+    assert toolchain.torch == torch.__version__
+    assert len(toolchain.torch_key) == 64
+    assert toolchain.cpu_isa and toolchain.num_threads == torch.get_num_threads()
+    assert toolchain.trl and toolchain.transformers and toolchain.accelerate
+    assert toolchain.neuronx_cc is None and toolchain.compiler_flags is None
+
+
+def test_cache_dirs_and_policy_variables_stay_out_of_the_toolchain(monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
+    monkeypatch.setenv("TORCH_COMPILE_CACHE_KEY_TAG", "set-by-activate")
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")
+    monkeypatch.setenv("CXX", "/usr/bin/g++-12")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", "/mnt/neff")
+    env = compile_env()
+    assert env["TORCHINDUCTOR_MAX_AUTOTUNE"] == "1" and env["CXX"] == "/usr/bin/g++-12"
+    assert "TORCHINDUCTOR_CACHE_DIR" not in env
+    assert "TORCH_COMPILE_CACHE_KEY_TAG" not in env
+    assert "TORCH_NEURONX_NEFF_CACHE_DIR" not in env
+
+
+def test_key_is_stable_and_changes_with_any_field():
+    assert _toolchain().key() == _toolchain().key()
+    assert _toolchain().key() != _toolchain(num_threads=4).key()
+    assert _toolchain().key() != _toolchain(env={"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}).key()
+
+
+def test_diff_names_each_differing_field_with_both_values():
+    ours = _toolchain()
+    theirs = _toolchain(torch="2.14.1", cpu_isa="avx2", env={"CXX": "clang++"})
+    assert ours.diff(theirs) == {
+        "torch": ("2.13.0+cpu", "2.14.1"),
+        "cpu_isa": ("avx512", "avx2"),
+        "env.CXX": (None, "clang++"),
+        "env.TORCHINDUCTOR_MAX_AUTOTUNE": ("0", None),
+    }
+    assert ours.diff(_toolchain()) == {}
+
+
+def test_require_same_raises_a_mismatch_error_naming_the_fields():
+    with pytest.raises(ToolchainMismatchError) as raised:
+        _toolchain().require_same(_toolchain(torch="2.14.1"))
+    assert "torch" in raised.value.differences
+    assert "2.14.1" in str(raised.value)
+    _toolchain().require_same(_toolchain())
+
+
+def test_cuda_toolchain_without_a_gpu_is_a_clear_error():
+    import torch
+
+    if torch.cuda.is_available():
+        assert current_toolchain("inductor", "cuda").cuda is not None
+        return
+    with pytest.raises(BackendUnavailableError, match="no GPU"):
+        current_toolchain("inductor", "cuda")
+
+
+def test_neuron_toolchain_without_the_sdk_is_a_clear_error():
+    with pytest.raises(BackendUnavailableError, match="torch-neuronx"):
+        current_toolchain("neuron", "neuron")
+
+
+def test_backend_and_device_must_fit():
+    with pytest.raises(SpecError):
+        current_toolchain("neuron", "cpu")
+    with pytest.raises(SpecError):
+        current_toolchain("tpu", "cpu")
+
+
+@pytest.mark.parametrize(
+    ("flags", "canonical"),
+    [
+        ("--model-type transformer --auto-cast=none", "--auto-cast=none --model-type=transformer"),
+        ("--auto-cast none   --model-type=transformer", "--auto-cast=none --model-type=transformer"),
+        ("-O1 --enable-fast-loading", "--enable-fast-loading -O1"),
+        ("--cache_dir=/var/tmp/x --verbose 35 -O2", "-O2"),
+        ("--lnc 2 --distribution-strategy llm-training", "--distribution-strategy=llm-training --lnc=2"),
+        ("--offset -1 -O1", "--offset=-1 -O1"),
+        ("", ""),
+        (None, ""),
+    ],
+)
+def test_neuron_cc_flags_have_one_canonical_form(flags, canonical):
+    assert canonical_neuron_cc_flags(flags) == canonical
+
+
+def test_unparseable_neuron_cc_flags_are_a_spec_error():
+    with pytest.raises(SpecError, match="NEURON_CC_FLAGS"):
+        canonical_neuron_cc_flags('--x "unclosed')
+
+
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [
+        ("trn2.48xlarge", "trn2"),
+        ("trn1n.32xlarge", "trn1"),
+        ("Trainium2", "trn2"),
+        ("trn3", "trn3"),
+        ("m5.large", None),
+    ],
+)
+def test_trainium_generation_from_instance_or_device_name(name, target):
+    assert neuron_target_from_name(name) == target
+
+
+def test_lnc_defaults_per_generation_and_validates_the_variable():
+    assert neuron_lnc("trn2", {}) == 2
+    assert neuron_lnc("trn1", {}) == 1
+    assert neuron_lnc("trn2", {"NEURON_LOGICAL_NC_CONFIG": "1"}) == 1
+    with pytest.raises(SpecError, match="only 1 and 2"):
+        neuron_lnc("trn2", {"NEURON_LOGICAL_NC_CONFIG": "4"})
+    with pytest.raises(SpecError, match="trn1"):
+        neuron_lnc("trn1", {"NEURON_LOGICAL_NC_CONFIG": "2"})
+
+
+def test_toolchain_round_trips_through_json():
+    toolchain = _toolchain(device="neuron", backend="neuron", device_kind="trn2", neuron_lnc=2)
+    again = Toolchain.model_validate(json.loads(toolchain.canonical_json()))
+    assert again == toolchain and again.key() == toolchain.key()
+
+
+def test_pod_side_modules_import_without_server_packages_or_torch():
+    code = (
+        "import sys, warmup, warmup.spec, warmup.toolchain, warmup.artifacts, warmup.backends; "
+        "print(sorted(m for m in ('torch', 'fastapi', 'sqlalchemy', 'trl') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,599 @@
+"""The child side of a rehearsal: build the user's TRL trainer for one unit and run TRL's own step.
+
+Runs inside a forked child, a `torchrun` rank or a plain subprocess, never in the caller's process.
+What is the user's and what is rehearsal's:
+
+- the trainer class, its config (every field the spec gives, resolved by TRL itself on this
+  device), the model class and config, the tokenizer, the dtype, gradient checkpointing, the compile
+  settings and the number of processes are the job's;
+- weights are initialised from the model config instead of downloaded (`create_model_from_path` is
+  replaced in TRL's trainer modules for the policy, the reference and the reward model alike, so
+  TRL's own model-loading code path and kwargs still apply);
+- settings that change no graph are overridden: max_steps 1, learning rate 0, no saving, no
+  logging, no reporting, sequential sampling, output in the unit's work dir;
+- the data is synthetic, built so that TRL's collators produce exactly the unit's batch shape;
+  GRPO/RLOO generate a fixed number of tokens (min = max = the completion length) so that the
+  training width is exact.
+
+After the run the shapes TRL actually produced (collated batches, or the log-prob forwards of
+GRPO/RLOO) are compared with the unit's; a mismatch fails the unit, so a wrong entry is never
+published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warmup.backends import get_backend
+from warmup.errors import RehearsalError, WarmupError
+from warmup.rehearsal.data import TextMaker, preference_rows, prompt_rows, reward_rows, sft_rows
+from warmup.rehearsal.units import RehearsalUnit
+from warmup.spec import Spec
+
+CONFIG_CLASSES = {
+    "sft": "SFTConfig",
+    "dpo": "DPOConfig",
+    "reward": "RewardConfig",
+    "grpo": "GRPOConfig",
+    "rloo": "RLOOConfig",
+}
+TRAINER_CLASSES = {
+    "sft": "SFTTrainer",
+    "dpo": "DPOTrainer",
+    "reward": "RewardTrainer",
+    "grpo": "GRPOTrainer",
+    "rloo": "RLOOTrainer",
+}
+# Loading arguments of from_pretrained that from_config does not take; the rest configure the model.
+LOADING_ONLY_KWARGS = (
+    "device_map",
+    "revision",
+    "low_cpu_mem_usage",
+    "use_safetensors",
+    "subfolder",
+    "cache_dir",
+)
+
+
+@dataclass
+class RunJob:
+    """Everything one rehearsal process needs: the job, its units (run as consecutive steps), dirs."""
+
+    spec: Spec
+    units: list[RehearsalUnit]
+    cache_dir: Path
+    work_dir: Path
+    plan_size: int
+
+    @property
+    def unit(self) -> RehearsalUnit:
+        """The first (for an evaluation: the only) unit of the run."""
+        return self.units[0]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "spec": self.spec.model_dump(mode="json"),
+                "units": [unit.model_dump(mode="json") for unit in self.units],
+                "cache_dir": str(self.cache_dir),
+                "work_dir": str(self.work_dir),
+                "plan_size": self.plan_size,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> RunJob:
+        data = json.loads(text)
+        return cls(
+            spec=Spec.model_validate(data["spec"]),
+            units=[RehearsalUnit.model_validate(unit) for unit in data["units"]],
+            cache_dir=Path(data["cache_dir"]),
+            work_dir=Path(data["work_dir"]),
+            plan_size=int(data["plan_size"]),
+        )
+
+
+@dataclass
+class Observed:
+    """Shapes the trainer produced during the run."""
+
+    batches: list[tuple[int, ...]] = field(default_factory=list)
+    forwards: list[tuple[int, ...]] = field(default_factory=list)
+    prompt_widths: list[int] = field(default_factory=list)
+
+
+class _EvaluationDone(Exception):
+    """Raised from a callback to leave train() right after the evaluation a rehearsal came for."""
+
+
+# --- entry point ---------------------------------------------------------------------------------
+
+
+def run(job: RunJob, progress: Path | None = None) -> dict[str, Any]:
+    """Rehearse a run's units in this process; returns the outcome, one entry per unit.
+
+    Train units run as consecutive optimizer steps of one train() (step k produces unit k), so a
+    run of several units costs what a cold training run spends compiling those shapes. `progress`,
+    if given, receives the number of finished steps as each one ends.
+    """
+    start = time.perf_counter()
+    backend = get_backend(job.spec.target.backend, job.spec.target.device)
+    # Before anything compiles: the same settings warmup.activate() applies in a training process.
+    backend.configure_process(job.cache_dir, job.plan_size)
+    counter = backend.counter(job.cache_dir)
+    use_weights_from_config()
+    trainer, observed = build_trainer(job)
+    steps = StepAccounts(job, trainer, observed, progress)
+    trainer.add_callback(steps.callback())
+    if job.unit.kind == "train":
+        trainer.train()
+    else:
+        evaluate_as_in_training(trainer)
+        steps.close_evaluation()
+    if len(steps.accounts) != len(job.units):
+        raise RehearsalError(f"the run finished {len(steps.accounts)} of {len(job.units)} steps")
+    units = {}
+    for unit, account in zip(job.units, steps.accounts, strict=True):
+        check_shapes(job.spec.trainer, unit, account)
+        units[str(unit.index)] = {
+            "compile_seconds": round(account.compile_seconds, 3),
+            "seconds": round(account.seconds, 3),
+            "observed": {
+                "batches": account.batches,
+                "forwards": account.forwards,
+                "prompts": account.prompts,
+            },
+        }
+    fresh = counter.fresh()
+    return {
+        "status": "ok",
+        "units": units,
+        "compile_seconds": round(dynamo_compile_seconds(), 3),
+        "run_seconds": round(time.perf_counter() - start, 3),
+        "fresh_compiles": {**dict(fresh.counts), "new_files": len(fresh.new_files)},
+    }
+
+
+@dataclass
+class StepAccount:
+    """What one step (one unit) did: its compile time, wall time and the shapes TRL produced."""
+
+    compile_seconds: float
+    seconds: float
+    batches: list[tuple[int, ...]]
+    forwards: list[tuple[int, ...]]
+    prompts: list[int]
+
+
+class StepAccounts:
+    """Splits a run into its units at step boundaries, and sets each GRPO/RLOO step's generation length.
+
+    Shapes are recorded where TRL uses them (the loss, the log-prob forwards, generation), so a
+    step's shapes are those recorded since the previous step ended.
+    """
+
+    def __init__(self, job: RunJob, trainer: Any, observed: Observed, progress: Path | None) -> None:
+        self.job, self.trainer, self.observed, self.progress = job, trainer, observed, progress
+        self.accounts: list[StepAccount] = []
+        self._marks = (0, 0, 0)
+        self._compile_start = 0.0
+        self._start = time.perf_counter()
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        accounts = self
+
+        class Steps(TrainerCallback):
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                accounts.begin(state.global_step)
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                accounts.end()
+
+        return Steps()
+
+    def begin(self, step: int) -> None:
+        if step >= len(self.job.units):
+            raise RehearsalError(f"the run went past its {len(self.job.units)} step(s)")
+        if self.job.spec.trainer in ("grpo", "rloo"):
+            _fix_generation_length(self.trainer, self.job.units[step])
+        self._compile_start = dynamo_compile_seconds()
+        self._start = time.perf_counter()
+
+    def end(self) -> None:
+        observed, (batches, forwards, prompts) = self.observed, self._marks
+        self.accounts.append(
+            StepAccount(
+                compile_seconds=dynamo_compile_seconds() - self._compile_start,
+                seconds=time.perf_counter() - self._start,
+                batches=observed.batches[batches:],
+                forwards=observed.forwards[forwards:],
+                prompts=observed.prompt_widths[prompts:],
+            )
+        )
+        self._marks = (len(observed.batches), len(observed.forwards), len(observed.prompt_widths))
+        if self.progress is not None:
+            self.progress.write_text(str(len(self.accounts)))
+
+    def close_evaluation(self) -> None:
+        """An evaluation has no step: the whole run is its one account."""
+        self._compile_start = 0.0
+        self.end()
+
+
+def run_to_file(job: RunJob, result_path: Path, *, rank: int = 0, progress: Path | None = None) -> int:
+    """Run, write the outcome (rank 0 only) and return an exit code; never raises."""
+    try:
+        outcome = run(job, progress)
+        code = 0
+    except BaseException as error:  # a rehearsal failure of any kind is this run's result, not a crash
+        if isinstance(error, KeyboardInterrupt):
+            raise
+        traceback.print_exc()
+        message = str(error) if isinstance(error, WarmupError) else f"{type(error).__name__}: {error}"
+        outcome = {"status": "failed", "error": message}
+        code = 1
+    if rank == 0:
+        temp = result_path.with_suffix(".partial")
+        temp.write_text(json.dumps(outcome))
+        temp.replace(result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def dynamo_compile_seconds() -> float:
+    """Seconds Dynamo spent compiling in this process (frames, plus lazily compiled backwards)."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return 0.0
+    from torch._dynamo.utils import calculate_time_spent
+
+    return float(calculate_time_spent().get("total_wall_time", 0.0))
+
+
+# --- models without weights ----------------------------------------------------------------------
+
+
+def use_weights_from_config() -> None:
+    """Make TRL's trainers build every model from its config (random weights) instead of loading weights."""
+    import trl.trainer.utils as trl_utils
+
+    original = getattr(trl_utils, "_warmup_original_create_model_from_path", trl_utils.create_model_from_path)
+    trl_utils._warmup_original_create_model_from_path = original
+    for name, module in list(sys.modules.items()):
+        if name.startswith("trl.") and getattr(module, "create_model_from_path", None) is original:
+            module.create_model_from_path = model_from_config
+
+
+def model_from_config(model_id: str, architecture: Any = None, **kwargs: Any) -> Any:
+    """TRL's `create_model_from_path` with the weights initialised from the config, not loaded.
+
+    The same dtype rule and architecture choice as TRL; the model ends in eval mode like
+    `from_pretrained` leaves it (the Trainer switches the policy to train mode itself).
+    """
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    if (
+        kwargs.get("quantization_config") is not None
+        or kwargs.get("load_in_4bit")
+        or kwargs.get("load_in_8bit")
+    ):
+        raise RehearsalError("quantized models cannot be rehearsed (they do not compile under torch.compile)")
+    dtype = kwargs.pop("dtype", "float32")
+    if isinstance(dtype, str) and dtype in ("bfloat16", "float16", "float32"):
+        dtype = getattr(torch, dtype)
+    trust_remote_code = bool(kwargs.pop("trust_remote_code", False))
+    attn_implementation = kwargs.pop("attn_implementation", None)
+    use_kernels = kwargs.pop("use_kernels", False)
+    revision = kwargs.get("revision")
+    for name in LOADING_ONLY_KWARGS:
+        kwargs.pop(name, None)
+    config = AutoConfig.from_pretrained(
+        model_id, trust_remote_code=trust_remote_code, revision=revision, **kwargs
+    )
+    if dtype in ("auto", None):
+        dtype = getattr(config, "dtype", None) or torch.float32
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+    if architecture is None:
+        architectures = getattr(config, "architectures", None) or []
+        architecture = getattr(transformers, architectures[0], None) if architectures else None
+        architecture = architecture or AutoModelForCausalLM
+    build_kwargs: dict[str, Any] = {"dtype": dtype}
+    if attn_implementation is not None:
+        build_kwargs["attn_implementation"] = attn_implementation
+    if hasattr(architecture, "from_config"):
+        model = architecture.from_config(config, trust_remote_code=trust_remote_code, **build_kwargs)
+    else:
+        model = architecture._from_config(config, **build_kwargs)
+    if use_kernels:
+        raise RehearsalError("use_kernels (Hub kernels) cannot be rehearsed offline yet")
+    # without a generation_config.json, from_pretrained derives it from the config, as from_config did
+    with contextlib.suppress(OSError):
+        model.generation_config = GenerationConfig.from_pretrained(model_id, revision=revision)
+    model.eval()
+    return model
+
+
+# --- building the trainer ------------------------------------------------------------------------
+
+
+REHEARSAL_OVERRIDES: dict[str, Any] = {
+    "max_steps": 1,
+    "learning_rate": 0.0,
+    "save_strategy": "no",
+    "logging_strategy": "no",
+    "report_to": "none",
+    "push_to_hub": False,
+    "load_best_model_at_end": False,
+    "dataloader_num_workers": 0,
+    "dataset_num_proc": None,
+    "disable_tqdm": True,
+    "eval_on_start": False,
+}
+
+
+def build_config(job: RunJob) -> Any:
+    """The job's TRL config with rehearsal's graph-neutral overrides, resolved by TRL on this device."""
+    import trl
+
+    spec, unit = job.spec, job.unit
+    cls = getattr(trl, CONFIG_CLASSES[spec.trainer])
+    known = {f.name for f in dataclasses.fields(cls)}
+    overrides = {
+        **REHEARSAL_OVERRIDES,
+        "output_dir": str(job.work_dir / "trainer"),
+        "max_steps": len(job.units),
+    }
+    # steps take their data in order: step k produces unit k
+    if spec.trainer in ("sft", "dpo", "reward"):
+        overrides["train_sampling_strategy"] = "sequential"
+    else:
+        overrides["shuffle_dataset"] = False
+    if unit.kind == "eval":
+        overrides.update(eval_strategy="steps", eval_steps=1, eval_on_start=True)
+    else:
+        overrides["eval_strategy"] = "no"
+    kwargs = {**spec.args, **{name: value for name, value in overrides.items() if name in known}}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as error:
+        raise RehearsalError(f"TRL refused the job's config on this machine: {error}") from None
+
+
+def build_trainer(job: RunJob) -> tuple[Any, Observed]:
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    spec = job.spec
+    if spec.peft:
+        raise RehearsalError("rehearsal of PEFT (LoRA) jobs is not written yet")
+    if job.unit.kind == "eval" and len(job.units) > 1:
+        raise RehearsalError("an evaluation is rehearsed alone, one per run")
+    config = build_config(job)
+    tokenizer = AutoTokenizer.from_pretrained(spec.model)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # what TRL does when the tokenizer has none
+    world = _world_size()
+    build = ROW_BUILDERS.get(spec.trainer, _prompt_rows)
+    train: list[dict[str, Any]] = []
+    evaluation: list[dict[str, Any]] | None = None
+    for unit in job.units:
+        rows, eval_rows = build(spec.trainer, unit, config, tokenizer, world)
+        train += rows
+        evaluation = eval_rows
+    cls = getattr(trl, TRAINER_CLASSES[spec.trainer])
+    extra: dict[str, Any] = {}
+    if spec.trainer in ("grpo", "rloo"):
+        extra["reward_funcs"] = zero_reward
+    trainer = cls(
+        model=spec.model,
+        args=config,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list(train),
+        eval_dataset=Dataset.from_list(evaluation) if evaluation is not None else None,
+        **extra,
+    )
+    observed = Observed()
+    if spec.trainer in ("grpo", "rloo"):
+        _fix_generation_length(trainer, job.unit)
+        _record_forwards(trainer, observed)
+    else:
+        _record_batches(trainer, observed)
+    return trainer, observed
+
+
+def zero_reward(completions: list[Any], **_: Any) -> list[float]:
+    """The rehearsal's reward: rewards are values, not shapes, so a constant compiles the same graphs."""
+    return [0.0] * len(completions)
+
+
+def _world_size() -> int:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _batches(trainer: str, unit: RehearsalUnit, config: Any, world: int) -> tuple[int, int]:
+    """(rows per batch, batches): one optimizer step of every process, or one eval pass."""
+    per_device = (
+        config.per_device_eval_batch_size if unit.kind == "eval" else config.per_device_train_batch_size
+    )
+    # DPO and Reward batches stack chosen and rejected rows: the unit's batch is twice the pairs
+    rows = unit.batch // 2 if trainer in ("dpo", "reward") else unit.batch
+    if unit.kind == "eval" or rows < per_device:
+        return rows, world  # a short (last) batch happens once per epoch
+    return rows, config.gradient_accumulation_steps * world
+
+
+def _sft_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
+    rows, batches = _batches(trainer, unit, config, world)
+    packing = bool(
+        config.packing if unit.kind == "train" or config.eval_packing is None else config.eval_packing
+    )
+    if config.padding_free or (packing and config.packing_strategy in ("bfd", "bfd_split")):
+        raise RehearsalError("rehearsal of padding-free SFT (bfd packing, padding_free) is not written yet")
+    data = []
+    for _ in range(batches):
+        data += sft_rows(
+            tokenizer, rows, unit.seq_len, config.pad_to_multiple_of, config.max_length, packing=packing
+        )
+    return data, data if unit.kind == "eval" else None
+
+
+def _reward_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
+    pairs, batches = _batches(trainer, unit, config, world)
+    data = []
+    for _ in range(batches):
+        data += reward_rows(tokenizer, pairs, unit.seq_len, config.pad_to_multiple_of, config.max_length)
+    return data, data if unit.kind == "eval" else None
+
+
+def _dpo_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
+    pairs, batches = _batches(trainer, unit, config, world)
+    texts = TextMaker(tokenizer)
+    data = []
+    for _ in range(batches):
+        data += preference_rows(
+            texts, pairs, unit.seq_len, config.pad_to_multiple_of, config.max_length, tokenizer.eos_token
+        )
+    return data, data if unit.kind == "eval" else None
+
+
+def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
+    """GRPO/RLOO: prompts for one generation round (TRL repeats each num_generations times), and
+    for one eval batch on every process when the unit is an evaluation."""
+    if unit.prompt_len is None or unit.completion_len is None:
+        raise RehearsalError("a GRPO/RLOO unit needs its prompt and completion lengths")
+    if config.use_vllm or getattr(config, "use_transformers_paged", False):
+        raise RehearsalError("rehearsal of GRPO/RLOO with vLLM or paged generation is not written yet")
+    texts = TextMaker(tokenizer)
+    multiple = config.pad_to_multiple_of
+    train = prompt_rows(
+        texts, config.generation_batch_size // config.num_generations, unit.prompt_len, multiple
+    )
+    if unit.kind == "train":
+        return train, None
+    copies = config.num_generations_eval or config.num_generations
+    if unit.batch % copies:
+        raise RehearsalError(
+            f"an eval batch of {unit.batch} rows is not a whole number of {copies} generations"
+        )
+    return train, prompt_rows(texts, unit.batch // copies * world, unit.prompt_len, multiple)
+
+
+RowsPair = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
+ROW_BUILDERS: dict[str, Callable[[str, RehearsalUnit, Any, Any, int], RowsPair]] = {
+    "sft": _sft_rows,
+    "dpo": _dpo_rows,
+    "reward": _reward_rows,
+}
+
+
+def _fix_generation_length(trainer: Any, unit: RehearsalUnit) -> None:
+    """Every row generates exactly `completion_len` tokens: the training width is then exact.
+
+    With a static cache pinned by `max_cache_len` the cache shape does not depend on max_new_tokens;
+    a unit that carries a planned cache length pins it.
+    """
+    generation = trainer.generation_config
+    generation.max_new_tokens = unit.completion_len
+    generation.min_new_tokens = unit.completion_len
+    if unit.cache_len is not None:
+        generation.max_cache_len = unit.cache_len
+
+
+def _record_batches(trainer: Any, observed: Observed) -> None:
+    """Record the shape of every batch as the loss is computed on it.
+
+    Not in the collator: the dataloader fetches the next batch before the current step ends.
+    """
+    compute_loss = trainer.compute_loss
+
+    def recording_compute_loss(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        observed.batches.append(tuple(inputs["input_ids"].shape))
+        return compute_loss(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = recording_compute_loss
+
+
+def _record_forwards(trainer: Any, observed: Observed) -> None:
+    """GRPO/RLOO: record every log-prob forward's input shape and every generation round's prompt width."""
+    logps = trainer._get_per_token_logps_and_entropies
+    generate = trainer._generate_single_turn
+
+    def recording_logps(
+        model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, **kwargs: Any
+    ) -> Any:
+        batch_size = kwargs.get("batch_size") or input_ids.size(0)
+        for start in range(0, input_ids.size(0), batch_size):
+            observed.forwards.append((min(batch_size, input_ids.size(0) - start), input_ids.size(1)))
+        return logps(model, input_ids, attention_mask, logits_to_keep, **kwargs)
+
+    def recording_generate(prompt_ids: list[Any], *args: Any, **kwargs: Any) -> Any:
+        from warmup.rehearsal.units import ceil_to
+
+        longest = max(len(ids) for ids in prompt_ids)
+        observed.prompt_widths.append(ceil_to(longest, trainer.pad_to_multiple_of))
+        return generate(prompt_ids, *args, **kwargs)
+
+    trainer._get_per_token_logps_and_entropies = recording_logps
+    trainer._generate_single_turn = recording_generate
+
+
+def evaluate_as_in_training(trainer: Any) -> None:
+    """Run the evaluation the way it happens during training: inside train(), on the prepared model.
+
+    Trainer evaluates `self.model` (the raw module) once train() has prepared the compiled wrapper,
+    so a standalone evaluate() would compile a different graph than a training run's evaluation.
+    The config has eval_on_start; a callback leaves train() right after that evaluation.
+    """
+    from transformers import TrainerCallback
+
+    class StopAfterEvaluation(TrainerCallback):
+        def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            raise _EvaluationDone
+
+    trainer.add_callback(StopAfterEvaluation())
+    try:
+        trainer.train()
+    except _EvaluationDone:
+        return
+    raise RehearsalError("the evaluation never ran: train() finished without evaluating")
+
+
+def check_shapes(trainer: str, unit: RehearsalUnit, account: StepAccount) -> None:
+    """Fail the run unless TRL produced exactly the unit's shapes (never publish a wrong entry)."""
+    want = (unit.batch, unit.seq_len)
+    if trainer in ("grpo", "rloo"):
+        seen = set(account.forwards)
+        if not seen:
+            raise RehearsalError("the GRPO/RLOO step ran no log-prob forward; nothing was rehearsed")
+        if seen != {want}:
+            raise RehearsalError(
+                f"the step produced forward shapes {sorted(seen)}, the unit needs only {want}"
+            )
+        if unit.prompt_len is not None and set(account.prompts) != {unit.prompt_len}:
+            raise RehearsalError(
+                f"generation used prompt widths {sorted(set(account.prompts))}, "
+                f"the unit needs {unit.prompt_len}"
+            )
+        return
+    seen = set(account.batches)
+    if not seen:
+        raise RehearsalError("the trainer collated no batch; nothing was rehearsed")
+    if seen != {want}:
+        raise RehearsalError(f"the trainer produced batch shapes {sorted(seen)}, the unit needs only {want}")

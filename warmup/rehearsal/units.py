@@ -1,0 +1,229 @@
+"""Signatures -> rehearsal units: the training steps (or evaluations) that produce them.
+
+A unit is one step of the user's trainer that produces a set of signatures at once. TRL's own
+steps decide the grouping: a DPO training step runs the policy forward and backward and the
+reference forward on the same batch, a GRPO step generates, scores (reference / old log-probs) and
+trains, so the signatures of one step share one unit and one entry. (The supervisor may in turn run
+several training units as consecutive steps of one process, see `zygote`.)
+
+Signatures that compile nothing on the target get no unit: their entry is empty and says why
+(`eager_reason`: the planner's `compile == "eager"`, and under Inductor generation, Trainer
+evaluation and GRPO/RLOO old log-probs, which TRL runs on the bare, uncompiled model).
+
+Pure Python: the planner's signatures in, units out; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from warmup.errors import RehearsalError
+from warmup.signature import Signature
+
+UnitKind = Literal["train", "eval"]
+
+# Trainer kinds whose rehearsal is written; the others fail with a clear message.
+SUPPORTED_TRAINERS = ("sft", "dpo", "reward", "grpo", "rloo")
+# Phases one training step of each family runs (forward-only passes ride along with the step).
+STEP_PHASES = {
+    "sft": ("train",),
+    "reward": ("train",),
+    "dpo": ("train", "ref"),
+    "grpo": ("train", "ref", "old_logps", "generate_prefill", "generate_decode"),
+    "rloo": ("train", "ref", "old_logps", "generate_prefill", "generate_decode"),
+}
+GENERATION_PHASES = ("generate_prefill", "generate_decode")
+
+
+class RehearsalUnit(BaseModel):
+    """One rehearsal run: which trainer path to drive, the batch it must produce, what it covers."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    kind: UnitKind = Field(description="train: one optimizer step through trainer.train(); eval: evaluate().")
+    batch: int = Field(description="Rows the collator produces (DPO/Reward: 2 x pairs).")
+    seq_len: int = Field(description="Padded width of the batch (GRPO/RLOO: prompt + completion).")
+    prompt_len: int | None = Field(
+        None, description="GRPO/RLOO: padded prompt width the generation round uses."
+    )
+    completion_len: int | None = Field(None, description="GRPO/RLOO: completion tokens every row generates.")
+    cache_len: int | None = Field(None, description="GRPO/RLOO: static KV-cache length to pin, if planned.")
+    signatures: list[Signature]
+
+    @property
+    def keys(self) -> list[str]:
+        return [signature.key() for signature in self.signatures]
+
+    @property
+    def label(self) -> str:
+        first = self.signatures[0].shape_label
+        more = f" (+{len(self.signatures) - 1})" if len(self.signatures) > 1 else ""
+        return first + more
+
+
+class UnitPlan(BaseModel):
+    """Units to run, and the signatures that need no run (with the reason)."""
+
+    units: list[RehearsalUnit]
+    nothing_to_compile: dict[str, str] = Field(default_factory=dict, description="signature key -> why")
+
+
+def plan_units(
+    trainer: str,
+    signatures: list[Signature],
+    *,
+    backend: str = "inductor",
+    pad_to_multiple_of: int | None,
+    max_completion_length: int | None = None,
+    generation_rows: dict[str, int] | None = None,
+) -> UnitPlan:
+    """Group `signatures` of a `trainer` job into rehearsal units.
+
+    `pad_to_multiple_of` is the value the job's TRL config resolves to on the target device, and
+    `max_completion_length` the GRPO/RLOO config value: they decide how a GRPO width splits into a
+    prompt and a completion. A forward-only pass (ref, old_logps) rides with the training step of
+    the same shape, or else with an evaluation (TRL runs the reference over eval batches too).
+    `generation_rows` ({"train": rows, "eval": rows} of a generation round) sends a compiled
+    generation signature to a training step or to an evaluation.
+    """
+    if trainer not in SUPPORTED_TRAINERS:
+        raise RehearsalError(
+            f"rehearsal of the {trainer!r} trainer is not written yet "
+            f"(supported: {', '.join(SUPPORTED_TRAINERS)})"
+        )
+    nothing: dict[str, str] = {}
+    compiled: list[Signature] = []
+    for signature in signatures:
+        if signature.trainer != trainer:
+            raise RehearsalError(
+                f"signature {signature.shape_label} belongs to trainer {signature.trainer!r}, not {trainer!r}"
+            )
+        reason = eager_reason(trainer, backend, signature)
+        if reason:
+            nothing[signature.key()] = reason
+        else:
+            compiled.append(signature)
+
+    train_shapes = {(s.batch, s.seq_len) for s in compiled if s.phase == "train"}
+    groups: dict[tuple, list[Signature]] = {}
+    generation: list[Signature] = []
+    for signature in compiled:
+        if signature.phase in GENERATION_PHASES:
+            generation.append(signature)
+            continue
+        if signature.phase not in (*STEP_PHASES[trainer], "eval"):
+            raise RehearsalError(f"the {trainer} rehearsal has no step that runs phase {signature.phase!r}")
+        in_step = signature.phase == "train" or (
+            signature.phase != "eval" and (signature.batch, signature.seq_len) in train_shapes
+        )
+        prompt_len = signature.settings.get("prompt_len")
+        key = ("train" if in_step else "eval", signature.batch, signature.seq_len)
+        groups.setdefault((*key, prompt_len if isinstance(prompt_len, int) else None), []).append(signature)
+
+    units: list[RehearsalUnit] = []
+    for (kind, batch, seq_len, prompt_len), members in groups.items():
+        fields = {}
+        if trainer in ("grpo", "rloo"):
+            fields = _split_width(seq_len, prompt_len, pad_to_multiple_of, max_completion_length)
+        units.append(
+            RehearsalUnit(index=0, kind=kind, batch=batch, seq_len=seq_len, signatures=members, **fields)
+        )
+    for signature in generation:
+        _attach_generation(units, signature, generation_rows or {})
+    ordered = sorted(units, key=lambda u: (u.kind != "train", u.seq_len, u.batch))
+    return UnitPlan(
+        units=[unit.model_copy(update={"index": index}) for index, unit in enumerate(ordered)],
+        nothing_to_compile=nothing,
+    )
+
+
+def eager_reason(trainer: str, backend: str, signature: Signature) -> str | None:
+    """Why a signature compiles nothing on `backend`, or None when it compiles.
+
+    Under Inductor only what goes through the compiled wrapper compiles (TRL 1.16, transformers
+    5.24, checked by experiment): generation runs with disable_compile=True on the unwrapped model;
+    Trainer evaluates `self.model`, the bare module, once train() has prepared the wrapper; GRPO and
+    RLOO compute old log-probs with `self.model`. Under TorchNeuron eager ops compile too.
+    """
+    if signature.compile == "eager":
+        return "runs eager: the job does not torch.compile this pass"
+    if backend != "inductor":
+        return None
+    if signature.phase in GENERATION_PHASES:
+        return "runs eager on Inductor: TRL generates with disable_compile=True on the unwrapped model"
+    if signature.phase == "eval":
+        return "runs eager on Inductor: Trainer evaluates the bare model, not the compiled wrapper"
+    if signature.phase == "old_logps" and trainer in ("grpo", "rloo"):
+        return "runs eager on Inductor: TRL computes old log-probs with the bare model"
+    return None
+
+
+def ceil_to(value: int, multiple: int | None) -> int:
+    return math.ceil(value / multiple) * multiple if multiple else value
+
+
+def _split_width(
+    width: int, prompt_len: int | None, multiple: int | None, max_completion: int | None
+) -> dict[str, int]:
+    """Split a GRPO/RLOO training width into the padded prompt and the completion tokens to generate.
+
+    The training graph sees only the total width (TRL slices the completion outside the model), so any
+    split the generation round can produce works; the largest completion bucket is preferred, which
+    keeps the prompt short.
+    """
+    if max_completion is None:
+        raise RehearsalError("a GRPO/RLOO rehearsal needs max_completion_length")
+    step = multiple or 1
+    top_completion = ceil_to(max_completion, multiple)
+    if prompt_len is not None:
+        completion_pad = width - prompt_len
+    else:
+        completion_pad = min(top_completion, width - step)
+        completion_pad -= completion_pad % step
+    prompt_pad = width - completion_pad
+    # the generated length must pad to completion_pad and fit in max_completion_length
+    completion = min(completion_pad, max_completion)
+    if (
+        completion_pad < step
+        or prompt_pad < step
+        or completion < 1
+        or ceil_to(completion, multiple) != completion_pad
+        or (multiple and prompt_pad % multiple)
+    ):
+        raise RehearsalError(
+            f"a GRPO/RLOO training width of {width} cannot be split into a prompt and a completion of "
+            f"at most "
+            f"{max_completion} tokens padded to multiples of {multiple}; the plan and the spec disagree"
+        )
+    return {"prompt_len": prompt_pad, "completion_len": completion}
+
+
+def _attach_generation(units: list[RehearsalUnit], signature: Signature, rows: dict[str, int]) -> None:
+    """A compiled generation signature rides with a run whose round uses its rows and prompt width."""
+    prompt_len = signature.seq_len if signature.phase == "generate_prefill" else None
+    kinds = [kind for kind, count in rows.items() if count == signature.batch] or ["train", "eval"]
+    for index, unit in sorted(enumerate(units), key=lambda item: item[1].kind != "train"):
+        if unit.kind not in kinds or unit.prompt_len is None:
+            continue
+        if prompt_len is not None and unit.prompt_len != prompt_len:
+            continue
+        if (
+            unit.cache_len is not None
+            and signature.cache_len is not None
+            and unit.cache_len != signature.cache_len
+        ):
+            continue
+        update: dict = {"signatures": [*unit.signatures, signature]}
+        if signature.cache_len is not None:
+            update["cache_len"] = signature.cache_len
+        units[index] = unit.model_copy(update=update)
+        return
+    raise RehearsalError(
+        f"no run of the plan generates {signature.batch} rows from a prompt width of {prompt_len} "
+        f"for {signature.shape_label}; a generation signature is rehearsed inside a training step or "
+        "an evaluation, so the plan must list one"
+    )
