@@ -116,6 +116,7 @@ def rehearse(
     plan_size: int | None = None,
     isolation: Literal["fork", "subprocess"] | None = None,
     grouping: bool = True,
+    cancel: threading.Event | None = None,
 ) -> list[SignatureResult]:
     """Warm `signatures` of `spec` on this machine; one result per signature, in order.
 
@@ -124,11 +125,14 @@ def rehearse(
     given); `grouping` runs the training steps of several signatures in one process (as a cold
     training run compiles them) instead of one process each. Raises RehearsalError when the
     signatures cannot be rehearsed at all (unsupported trainer, a shape the spec cannot produce).
+    Setting `cancel` stops the runs (a worker shutting down): unfinished signatures come back failed.
     """
     if not signatures:
         return []
     options = {"timeout_s": timeout_s, "jobs": jobs, "isolation": isolation, "grouping": grouping}
-    return _rehearse(spec, signatures, cache_root, on_progress, plan_size=plan_size, **options).results
+    return _rehearse(
+        spec, signatures, cache_root, on_progress, plan_size=plan_size, cancel=cancel, **options
+    ).results
 
 
 @dataclass
@@ -176,6 +180,7 @@ def _rehearse(
     plan_size: int | None = None,
     skip: Collection[str] = (),
     on_planned: Callable[[Rehearsal], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> Rehearsal:
     root = Path(cache_root).absolute()
     root.mkdir(parents=True, exist_ok=True)
@@ -203,7 +208,9 @@ def _rehearse(
             env=_child_env(),
             start_new_session=True,
         )
-        watchdog = _Watchdog(process, SUPERVISOR_GRACE_SECONDS + timeout_s * max(1, len(signatures or [])))
+        watchdog = _Watchdog(
+            process, SUPERVISOR_GRACE_SECONDS + timeout_s * max(1, len(signatures or [])), cancel
+        )
         session.watchdog = watchdog
         try:
             session.follow(process)
@@ -224,9 +231,12 @@ def _rehearse(
 class _Watchdog:
     """Kills the supervisor's process group once its deadline passes (the deadline can move)."""
 
-    def __init__(self, process: subprocess.Popen, seconds: float) -> None:
+    def __init__(
+        self, process: subprocess.Popen, seconds: float, cancel: threading.Event | None = None
+    ) -> None:
         self.process = process
         self.deadline = time.monotonic() + seconds
+        self.cancel = cancel
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -236,7 +246,7 @@ class _Watchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(1.0):
-            if time.monotonic() > self.deadline:
+            if time.monotonic() > self.deadline or (self.cancel is not None and self.cancel.is_set()):
                 _kill_group(self.process)
                 return
 
