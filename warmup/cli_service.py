@@ -147,6 +147,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--grace", type=float, default=60.0, help="on SIGTERM, time to finish the current task"
     )
     parser.add_argument("--exit-when-idle", action="store_true", help="exit once no task is waiting")
+    parser.add_argument(
+        "--world-sizes",
+        default="1",
+        help="comma-separated numbers of training processes this host rehearses (under torchrun beyond 1)",
+    )
 
 
 # --- serve ------------------------------------------------------------------------------------
@@ -249,7 +254,10 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     elif ns.pool is None:
         from warmup.toolchain import current_toolchain
 
-        toolchain = current_toolchain(spec.target.backend, spec.target.device).model_dump(mode="json")
+        target = spec.target
+        toolchain = current_toolchain(target.backend, target.device, world_size=target.world_size).model_dump(
+            mode="json"
+        )
     with ServiceClient(ns.server) as client:
         job = client.submit(
             spec.model_dump(mode="json"), toolchain=toolchain, pool=ns.pool, retry_failed=ns.retry_failed

@@ -30,7 +30,7 @@ from warmup.db.engine import make_engine
 from warmup.db.manifests import build_manifest, publish_manifest
 from warmup.db.queue import TaskQueue
 from warmup.db.records import ClaimedTask, FileRef, Keyed
-from warmup.db.repository import Repository
+from warmup.db.repository import Repository, pool_entry
 from warmup.errors import LeaseLostError, RehearsalError, WarmupError
 from warmup.logs import log_context
 from warmup.signature import Signature
@@ -57,6 +57,7 @@ class WorkerOptions:
     grace_s: float = 60.0  # on SIGTERM: how long the current task may take to finish before it is released
     work_dir: Path | None = None
     exit_when_idle: bool = False  # for tests and one-shot CI workers
+    world_sizes: tuple[int, ...] = (1,)  # jobs of these many processes are rehearsed (torchrun beyond 1)
     max_tasks: int | None = None
 
 
@@ -70,7 +71,8 @@ class TaskOutcome:
 
 
 class Worker:
-    """Claims and runs tasks of one toolchain (this process's own)."""
+    """Claims and runs tasks of this host's toolchains: one per world size it rehearses (a torchrun
+    rank sees fewer CPU threads, which are part of Inductor's key)."""
 
     def __init__(
         self,
@@ -85,8 +87,14 @@ class Worker:
         self.store = store or open_store(options.store_url)
         self.queue = TaskQueue(self.engine)
         self.repository = Repository(self.engine)
-        self.toolchain = toolchain or current_toolchain(options.backend, options.device)
-        self.toolchain_key = self.toolchain.key()
+        if toolchain is not None:
+            self.toolchains = {1: toolchain}
+        else:
+            self.toolchains = {
+                size: current_toolchain(options.backend, options.device, world_size=size)
+                for size in options.world_sizes
+            }
+        self.toolchain = self.toolchains[min(self.toolchains)]
         self.stop = threading.Event()  # set: claim nothing new
         self.outcomes: list[TaskOutcome] = []
 
@@ -95,28 +103,45 @@ class Worker:
     def run(self) -> list[TaskOutcome]:
         """Work until `stop` is set (or, with exit_when_idle, until the queue has nothing for us)."""
         self.store.check()
-        self.repository.register_worker(
-            self.options.worker_id,
-            Keyed.of(self.toolchain),
-            pool=self.options.pool,
-            host=socket.gethostname(),
-        )
+        for size, toolchain in self.toolchains.items():
+            self.repository.register_worker(
+                self._registration(size),
+                Keyed.of(toolchain),
+                pool=pool_entry(self.options.pool, size) if self.options.pool else None,
+                host=socket.gethostname(),
+            )
         log.info("worker %s ready for %s", self.options.worker_id, self.toolchain.short)
         try:
             while not self.stop.is_set():
                 if self.options.max_tasks is not None and len(self.outcomes) >= self.options.max_tasks:
                     break
-                task = self.queue.claim(self.options.worker_id, self.toolchain_key, self.options.lease_s)
+                task = self._claim()
                 if task is None:
                     if self.options.exit_when_idle:
                         break
-                    self.repository.touch_worker(self.options.worker_id)
+                    for size in self.toolchains:
+                        self.repository.touch_worker(self._registration(size))
                     self.stop.wait(self.options.poll_s)
                     continue
                 self.outcomes.append(self.process(task))
         finally:
-            self.repository.remove_worker(self.options.worker_id)
+            for size in self.toolchains:
+                self.repository.remove_worker(self._registration(size))
         return self.outcomes
+
+    def _claim(self) -> ClaimedTask | None:
+        keys = list(dict.fromkeys(toolchain.key() for toolchain in self.toolchains.values()))
+        for key in keys:
+            task = self.queue.claim(self.options.worker_id, key, self.options.lease_s)
+            if task is not None:
+                return task
+        return None
+
+    def _registration(self, world_size: int) -> str:
+        return self.options.worker_id if world_size == 1 else f"{self.options.worker_id}@{world_size}"
+
+    def _toolchain_of(self, key: str) -> Toolchain:
+        return next(toolchain for toolchain in self.toolchains.values() if toolchain.key() == key)
 
     def process(self, task: ClaimedTask) -> TaskOutcome:
         with log_context(
@@ -228,14 +253,15 @@ class Worker:
             len(refs),
             result.compile_seconds,
         )
-        self._publish_ready_manifests(task.signature_key)
+        self._publish_ready_manifests(task.signature_key, task.toolchain_key)
         return TaskOutcome(task.id, signature.shape_label, "done", elapsed, result.note)
 
-    def _publish_ready_manifests(self, signature_key: str) -> None:
+    def _publish_ready_manifests(self, signature_key: str, toolchain_key: str) -> None:
         """Jobs this task completed get their manifest written into the bucket (best effort)."""
         from warmup.planner import plan_spec
 
-        for job_id, spec_key in self.repository.jobs_needing(signature_key, self.toolchain_key):
+        toolchain = self._toolchain_of(toolchain_key)
+        for job_id, spec_key in self.repository.jobs_needing(signature_key, toolchain_key):
             status = self.repository.job_status(job_id)
             if status is None or status.state != "ready":
                 continue
@@ -246,7 +272,7 @@ class Worker:
                     self.repository,
                     None,
                     spec_key=spec_key,
-                    toolchain=Keyed.of(self.toolchain),
+                    toolchain=Keyed.of(toolchain),
                     signature_keys=[s.key for s in status.signatures],
                     plan_size=plan_size,
                 )

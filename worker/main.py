@@ -41,7 +41,18 @@ def options_from(ns: argparse.Namespace) -> WorkerOptions:
         task_timeout_s=ns.task_timeout,
         grace_s=ns.grace,
         exit_when_idle=ns.exit_when_idle,
+        world_sizes=parse_world_sizes(ns.world_sizes),
     )
+
+
+def parse_world_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        sizes = ()
+    if not sizes or sizes[0] < 1:
+        raise SystemExit(f"error: --world-sizes takes positive numbers like 1,2,4, not {text!r}")
+    return sizes
 
 
 def default_device(backend: str) -> str:
@@ -119,6 +130,8 @@ def child_arguments(ns: argparse.Namespace) -> list[str]:
     ]
     if ns.pool:
         args += ["--pool", ns.pool]
+    if ns.world_sizes != "1":
+        args += ["--world-sizes", ns.world_sizes]
     if ns.exit_when_idle:
         args.append("--exit-when-idle")
     return args

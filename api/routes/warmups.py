@@ -9,7 +9,8 @@ from fastapi import APIRouter, Query, Response
 from api.deps import ReadAccess, ServicesDep, SubmitAccess
 from api.schemas import WarmupRequest
 from warmup.db.records import CoverageReportRecord, JobStatus, JobSummary, Keyed, TaskLog
-from warmup.errors import JobNotFoundError, SpecError
+from warmup.errors import JobNotFoundError, RehearsalError, SpecError
+from warmup.rehearsal.units import require_rehearsable
 from warmup.toolchain import Toolchain
 
 router = APIRouter(prefix="/v1", tags=["warmups"])
@@ -24,7 +25,7 @@ router = APIRouter(prefix="/v1", tags=["warmups"])
     responses={200: {"description": "The same spec under the same toolchain already had this job"}},
 )
 def submit_warmup(body: WarmupRequest, services: ServicesDep, response: Response) -> JobStatus:
-    toolchain = body.toolchain or _pool_toolchain(services, body.pool or "")
+    toolchain = body.toolchain or _pool_toolchain(services, body.pool or "", body.spec.target.world_size)
     target = body.spec.target
     if (toolchain.backend, toolchain.device) != (target.backend, target.device):
         raise SpecError(
@@ -35,6 +36,11 @@ def submit_warmup(body: WarmupRequest, services: ServicesDep, response: Response
     plan = services.plan(body.spec)
     # Passes the backend does not compile (compile="eager") have nothing to warm.
     warmable = [Keyed.of(s) for s in plan.signatures if s.compile != "eager"]
+    if warmable:
+        try:
+            require_rehearsable(body.spec.trainer)
+        except RehearsalError as error:
+            raise SpecError(str(error), loc="spec.trainer") from None
     result = services.queue.submit_job(
         Keyed.of(body.spec),
         Keyed.of(toolchain),
@@ -49,11 +55,13 @@ def submit_warmup(body: WarmupRequest, services: ServicesDep, response: Response
     return status
 
 
-def _pool_toolchain(services: ServicesDep, pool: str) -> Toolchain:
-    found = services.repository.resolve_pool(pool)
+def _pool_toolchain(services: ServicesDep, pool: str, world_size: int) -> Toolchain:
+    found = services.repository.resolve_pool(pool, world_size)
     if found is None:
+        scale = f" for jobs of {world_size} processes" if world_size > 1 else ""
         raise SpecError(
-            f"no worker of pool {pool!r} has registered yet; start one with `warmup worker --pool {pool}`",
+            f"no worker of pool {pool!r} has registered{scale} yet; start one with "
+            f"`warmup worker --pool {pool}" + (f" --world-sizes 1,{world_size}`" if world_size > 1 else "`"),
             loc="pool",
         )
     return Toolchain.model_validate(found.data)

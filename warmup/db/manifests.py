@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 from warmup.db.records import Keyed
 from warmup.db.repository import Repository
-from warmup.errors import UnsafeArtifactError
 from warmup.manifest import Manifest, ManifestFile
 from warmup.store import BlobStore
 
@@ -42,14 +41,9 @@ def build_manifest(
         if entry is None:
             continue
         for ref in entry.files:
-            known = files.get(ref.path)
-            if known is not None:
-                if known.sha256 != ref.sha256:
-                    # Inductor and TorchNeuron name their files by content hash: this cannot happen
-                    # unless a cache was tampered with. Refuse rather than install either.
-                    raise UnsafeArtifactError(
-                        f"two entries disagree on the content of {ref.path!r}; re-warm the spec"
-                    )
+            if ref.path in files:
+                # Inductor names a kernel by its source's hash, but the compiled .so embeds the directory
+                # it was built in, so entries warmed apart hold different bytes for one path: any works.
                 continue
             url = store.presigned_url(ref.sha256, presign_expiry_s) if store and presign_expiry_s else None
             files[ref.path] = ManifestFile(path=ref.path, sha256=ref.sha256, size=ref.size, url=url)

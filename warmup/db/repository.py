@@ -36,6 +36,16 @@ TOUCH_INTERVAL_S = 3600.0
 CHUNK = 500
 
 
+def pool_entry(pool: str, world_size: int) -> str:
+    """The pools-table name of a pool for jobs of `world_size` processes.
+
+    A job's toolchain is what one of its training processes sees, and under torchrun a CPU process
+    runs fewer threads (part of Inductor's key), so a worker registers one toolchain per world size
+    it can rehearse: `pool` for one process, `pool@N` for N.
+    """
+    return pool if world_size == 1 else f"{pool}@{world_size}"
+
+
 def signature_state(has_entry: bool, task_state: m.TaskState | None) -> SignatureState:
     """A signature's state under a toolchain: ready once it has an entry, else its task's state.
     A done task without an entry means retention removed the entry: missing until re-submitted."""
@@ -319,13 +329,14 @@ class Repository:
                 for w in session.execute(query).scalars()
             ]
 
-    def resolve_pool(self, name: str) -> Keyed | None:
-        """The toolchain of a named worker pool, or None if no worker has registered it."""
+    def resolve_pool(self, name: str, world_size: int = 1) -> Keyed | None:
+        """The toolchain a named worker pool warms jobs of `world_size` processes under, or None if
+        no worker has registered it (see `pool_entry`)."""
         with self._sessions() as session:
             row = session.execute(
                 select(m.Toolchain.key, m.Toolchain.data)
                 .join(m.Pool, m.Pool.toolchain_key == m.Toolchain.key)
-                .where(m.Pool.name == name)
+                .where(m.Pool.name == pool_entry(name, world_size))
             ).one_or_none()
             return Keyed(row.key, row.data) if row is not None else None
 

@@ -7,8 +7,8 @@ trains, so the signatures of one step share one unit and one entry. (The supervi
 several training units as consecutive steps of one process, see `zygote`.)
 
 Signatures that compile nothing on the target get no unit: their entry is empty and says why
-(`eager_reason`: the planner's `compile == "eager"`, and under Inductor generation, Trainer
-evaluation and GRPO/RLOO old log-probs, which TRL runs on the bare, uncompiled model).
+(`eager_reason`: the planner labels them `compile == "eager"`; under Inductor generation, Trainer
+evaluation and GRPO/RLOO old log-probs run on the bare, uncompiled model).
 
 Pure Python: the planner's signatures in, units out; nothing here imports torch.
 """
@@ -90,11 +90,7 @@ def plan_units(
     `generation_rows` ({"train": rows, "eval": rows} of a generation round) sends a compiled
     generation signature to a training step or to an evaluation.
     """
-    if trainer not in SUPPORTED_TRAINERS:
-        raise RehearsalError(
-            f"rehearsal of the {trainer!r} trainer is not written yet "
-            f"(supported: {', '.join(SUPPORTED_TRAINERS)})"
-        )
+    require_rehearsable(trainer)
     nothing: dict[str, str] = {}
     compiled: list[Signature] = []
     for signature in signatures:
@@ -141,24 +137,24 @@ def plan_units(
     )
 
 
-def eager_reason(trainer: str, backend: str, signature: Signature) -> str | None:
-    """Why a signature compiles nothing on `backend`, or None when it compiles.
+def require_rehearsable(trainer: str) -> None:
+    """Raise RehearsalError, before any work, for a trainer whose rehearsal is not written."""
+    if trainer not in SUPPORTED_TRAINERS:
+        raise RehearsalError(
+            f"rehearsal of the {trainer!r} trainer is not written yet "
+            f"(supported: {', '.join(SUPPORTED_TRAINERS)}); `warmup plan` lists its signatures"
+        )
 
-    Under Inductor only what goes through the compiled wrapper compiles (TRL 1.16, transformers
-    5.24, checked by experiment): generation runs with disable_compile=True on the unwrapped model;
-    Trainer evaluates `self.model`, the bare module, once train() has prepared the wrapper; GRPO and
-    RLOO compute old log-probs with `self.model`. Under TorchNeuron eager ops compile too.
+
+def eager_reason(trainer: str, backend: str, signature: Signature) -> str | None:
+    """Why a signature compiles nothing, or None when it compiles.
+
+    The planner decides (warmup/planner/common.py, `runs_on`): under Inductor only what goes
+    through the compiled wrapper compiles; generation, Trainer evaluation and GRPO/RLOO old
+    log-probs run the bare module and are labelled "eager". Under TorchNeuron eager ops compile too.
     """
     if signature.compile == "eager":
-        return "runs eager: the job does not torch.compile this pass"
-    if backend != "inductor":
-        return None
-    if signature.phase in GENERATION_PHASES:
-        return "runs eager on Inductor: TRL generates with disable_compile=True on the unwrapped model"
-    if signature.phase == "eval":
-        return "runs eager on Inductor: Trainer evaluates the bare model, not the compiled wrapper"
-    if signature.phase == "old_logps" and trainer in ("grpo", "rloo"):
-        return "runs eager on Inductor: TRL computes old log-probs with the bare model"
+        return f"runs eager on {backend}: TRL calls the uncompiled module for this pass (nothing to warm)"
     return None
 
 

@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
     from warmup.errors import WarmupError
     from warmup.rehearsal.drivers import RunJob
-    from warmup.rehearsal.units import plan_units
+    from warmup.rehearsal.units import plan_units, require_rehearsable
     from warmup.signature import Signature
     from warmup.spec import Spec
 
@@ -176,6 +176,7 @@ def main(argv: list[str]) -> int:
         skip = set(job.get("skip") or [])
         todo = [signature for signature in signatures if signature.key() not in skip]
         plan_size = job.get("plan_size") or len(signatures)
+        require_rehearsable(spec.trainer)
         facts = config_facts(spec)
         planned = plan_units(
             spec.trainer,
