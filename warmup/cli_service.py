@@ -148,6 +148,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--exit-when-idle", action="store_true", help="exit once no task is waiting")
     parser.add_argument(
+        "--max-attempts", type=int, default=3, help="tries of a task that crashes or times out"
+    )
+    parser.add_argument("--retry-delay", type=float, default=30.0, help="seconds before a retry (doubling)")
+    parser.add_argument("--poll-interval", type=float, default=2.0, help="seconds between claims when idle")
+    parser.add_argument(
         "--world-sizes",
         default="1",
         help="comma-separated numbers of training processes this host rehearses (under torchrun beyond 1)",

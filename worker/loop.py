@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 
 from warmup.db.engine import make_engine
 from warmup.db.manifests import build_manifest, publish_manifest
-from warmup.db.queue import TaskQueue
+from warmup.db.queue import RetryStrategy, TaskQueue
 from warmup.db.records import ClaimedTask, FileRef, Keyed
 from warmup.db.repository import Repository, pool_entry
 from warmup.errors import LeaseLostError, RehearsalError, WarmupError
@@ -57,6 +57,8 @@ class WorkerOptions:
     grace_s: float = 60.0  # on SIGTERM: how long the current task may take to finish before it is released
     work_dir: Path | None = None
     exit_when_idle: bool = False  # for tests and one-shot CI workers
+    max_attempts: int = 3  # a rehearsal that crashes or times out is tried this many times
+    retry_delay_s: float = 30.0  # before the 2nd attempt; doubles after each failure
     world_sizes: tuple[int, ...] = (1,)  # jobs of these many processes are rehearsed (torchrun beyond 1)
     max_tasks: int | None = None
 
@@ -85,7 +87,10 @@ class Worker:
         self.options = options
         self.engine = engine or make_engine(options.database_url)
         self.store = store or open_store(options.store_url)
-        self.queue = TaskQueue(self.engine)
+        self.queue = TaskQueue(
+            self.engine,
+            retry=RetryStrategy(max_attempts=options.max_attempts, base_delay_s=options.retry_delay_s),
+        )
         self.repository = Repository(self.engine)
         if toolchain is not None:
             self.toolchains = {1: toolchain}
@@ -178,6 +183,12 @@ class Worker:
             return self._record(task, signature, result, started)
         except LeaseLostError as error:
             return TaskOutcome(task.id, signature.shape_label, "lost", time.monotonic() - started, str(error))
+        except WarmupError as error:  # refused before compiling (unsupported, impossible shape): final
+            log.warning("%s cannot be rehearsed: %s", label, error)
+            self.queue.fail(task.id, self.options.worker_id, f"{type(error).__name__}: {error}", retry=False)
+            return TaskOutcome(
+                task.id, signature.shape_label, "failed", time.monotonic() - started, str(error)
+            )
         except Exception as error:  # a crash of ours: record it on the task, keep working
             log.exception("%s failed", label)
             state = self.queue.fail(task.id, self.options.worker_id, f"{type(error).__name__}: {error}")

@@ -42,6 +42,9 @@ def options_from(ns: argparse.Namespace) -> WorkerOptions:
         grace_s=ns.grace,
         exit_when_idle=ns.exit_when_idle,
         world_sizes=parse_world_sizes(ns.world_sizes),
+        max_attempts=ns.max_attempts,
+        poll_s=ns.poll_interval,
+        retry_delay_s=ns.retry_delay,
     )
 
 
@@ -130,6 +133,8 @@ def child_arguments(ns: argparse.Namespace) -> list[str]:
     ]
     if ns.pool:
         args += ["--pool", ns.pool]
+    args += ["--max-attempts", str(ns.max_attempts), "--retry-delay", str(ns.retry_delay)]
+    args += ["--poll-interval", str(ns.poll_interval)]
     if ns.world_sizes != "1":
         args += ["--world-sizes", ns.world_sizes]
     if ns.exit_when_idle:

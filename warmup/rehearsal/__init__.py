@@ -55,7 +55,7 @@ from warmup import errors
 from warmup.artifacts import ArtifactFile
 from warmup.backends import get_backend
 from warmup.errors import FieldProblem, RehearsalError, WarmupError
-from warmup.rehearsal.units import RehearsalUnit, UnitPlan, plan_units
+from warmup.rehearsal.units import RehearsalUnit, UnitPlan, eager_reason, plan_units
 from warmup.rehearsal.zygote import EVENT_PREFIX, run_paths
 from warmup.signature import Signature
 from warmup.spec import Spec
@@ -129,6 +129,12 @@ def rehearse(
     """
     if not signatures:
         return []
+    reasons = [eager_reason(spec.trainer, spec.target.backend, s) for s in signatures]
+    if all(reasons):  # nothing compiles: no process to start
+        return [
+            SignatureResult(key=s.key(), signature=s, status="ok", note=str(reason))
+            for s, reason in zip(signatures, reasons, strict=True)
+        ]
     options = {"timeout_s": timeout_s, "jobs": jobs, "isolation": isolation, "grouping": grouping}
     return _rehearse(
         spec, signatures, cache_root, on_progress, plan_size=plan_size, cancel=cancel, **options
