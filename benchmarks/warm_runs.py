@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from tests.e2e.tiny_model import build_tiny_model, save_weights  # noqa: E402
+from tests.support.tiny_model import save_weights, write_tiny_model  # noqa: E402
 
 TRAIN_JOB = ROOT / "tests" / "e2e" / "train_job.py"
 LOW, SPLITS, HIGH = 10, "32,64", 96
@@ -39,7 +39,7 @@ class Job:
 
 def make_job(root: Path | None = None) -> Job:
     root = root or Path(tempfile.mkdtemp(prefix="warm-bench-"))
-    model = build_tiny_model(root / "model")
+    model = write_tiny_model(root / "model")
     weights = save_weights(model, root / "weights", seed=99)
     spec = {
         "trainer": "sft",

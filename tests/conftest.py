@@ -23,14 +23,22 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """config.json + tokenizer of a 2-layer, 64-wide Qwen3 causal LM (no weights)."""
-    from tests.e2e.tiny_model import build_tiny_model
+    from tests.support.tiny_model import write_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="session")
 def user_weights_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint of the tiny model with its own random weights: what a user trains from."""
-    from tests.e2e.tiny_model import save_weights
+    from tests.support.tiny_model import save_weights
 
     return save_weights(tiny_model_dir, tmp_path_factory.mktemp("user-weights"), seed=1234)
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model as a sequence classifier (one label), for Reward jobs."""
+    from tests.support.tiny_model import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-seq-cls"), seq_classification=True)

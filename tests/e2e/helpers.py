@@ -35,7 +35,7 @@ def write_spec(path: Path, trainer: str, model: Path, args: dict[str, Any], data
 
 
 def signature(trainer: str, model: Path, phase: str, batch: int, seq_len: int, **kw: Any) -> Signature:
-    """A signature as the planner writes it (for trainers whose planner this branch does not have)."""
+    """A signature as the planner writes it, for tests that pick shapes the plan would not list."""
     return Signature(
         phase=phase,
         batch=batch,

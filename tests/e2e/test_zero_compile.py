@@ -6,8 +6,7 @@ Inductor's FX and AOTAutograd caches must never miss, no file may appear in the 
 the empty lock files Inductor takes to load a kernel), and every warmed shape must actually be met
 (so a hit is not a shape the run never tried).
 
-SFT goes through `warmup warm` and the SFT planner. GRPO and DPO signatures are written by hand from
-shared/notes/trl-shapes.md (their planners land on another branch) and warmed with the same API.
+SFT goes through `warmup warm`; GRPO and DPO are warmed with the same API from their planners' plans.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from tests.e2e.helpers import (
     only_empty_locks_appeared,
     run,
     run_job,
-    signature,
     write_spec,
 )
 from warmup.artifacts import list_paths
@@ -65,6 +63,7 @@ def test_sft_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, 
 def test_grpo_with_a_static_cache_warm_then_train_compiles_nothing(
     tiny_model_dir, user_weights_dir, tmp_path
 ):
+    from warmup.planner import plan_spec
     from warmup.rehearsal.local import warm_directory
     from warmup.spec import load_spec
 
@@ -86,17 +85,15 @@ def test_grpo_with_a_static_cache_warm_then_train_compiles_nothing(
         {"min_prompt_tokens": 5, "max_prompt_tokens": 30},
     )
 
-    def grpo(phase, batch, seq_len, **kw):
-        return signature("grpo", tiny_model_dir, phase, batch, seq_len, **kw)
-
-    signatures = [
-        grpo("train", 4, 32),
-        grpo("train", 4, 48),
-        grpo("ref", 4, 32),
-        grpo("ref", 4, 48),
-        grpo("generate_prefill", 4, 16, cache_len=39),
-        grpo("generate_prefill", 4, 32, cache_len=39),
-        grpo("generate_decode", 4, 1, cache_len=39),
+    signatures = plan_spec(load_spec(spec_path)).signatures
+    assert sorted(s.shape_label for s in signatures) == [
+        "generate_decode 4x1 cache 39",
+        "generate_prefill 4x16 cache 39",
+        "generate_prefill 4x32 cache 39",
+        "ref 4x32",
+        "ref 4x48",
+        "train 4x32",
+        "train 4x48",
     ]
     cache = tmp_path / "cache"
     report = warm_directory(load_spec(spec_path), cache, signatures=signatures)
@@ -107,8 +104,8 @@ def test_grpo_with_a_static_cache_warm_then_train_compiles_nothing(
     for result in report.results:
         by_phase.setdefault(result.signature.phase, []).append(result)
     assert all(r.files for r in by_phase["train"] + by_phase["ref"])
-    # generation runs eager on Inductor: empty entries that say why
-    assert all(not r.files and "disable_compile" in r.note for r in by_phase["generate_prefill"])
+    # generation runs eager on Inductor (TRL generates with disable_compile=True): empty entries that say why
+    assert all(not r.files and "runs eager" in r.note for r in by_phase["generate_prefill"])
 
     before = list_paths(cache)
     job = run_job(
@@ -130,6 +127,7 @@ def test_grpo_with_a_static_cache_warm_then_train_compiles_nothing(
 
 
 def test_dpo_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, tmp_path):
+    from warmup.planner import plan_spec
     from warmup.rehearsal.local import warm_directory
     from warmup.spec import load_spec
 
@@ -141,9 +139,8 @@ def test_dpo_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, 
         {"min_tokens": 20, "max_tokens": 64},
     )
     # chosen and rejected rows stack: 2 x 2 rows; the reference model runs on the same batch
-    signatures = [
-        signature("dpo", tiny_model_dir, phase, 4, width) for phase in ("train", "ref") for width in (32, 64)
-    ]
+    signatures = plan_spec(load_spec(spec_path)).signatures
+    assert sorted(s.shape_label for s in signatures) == ["ref 4x32", "ref 4x64", "train 4x32", "train 4x64"]
     cache = tmp_path / "cache"
     report = warm_directory(load_spec(spec_path), cache, signatures=signatures)
     assert report.ok, [

@@ -25,7 +25,7 @@ from typing import Any
 PROCESS_START = time.time()
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.e2e.tiny_model import words  # noqa: E402
+from tests.support.tiny_model import words  # noqa: E402
 
 
 def length_ranges(low: int, splits: list[int], high: int, batches: int) -> list[tuple[int, int]]:

@@ -71,6 +71,18 @@ def init_model(directory: Path, *, seed: int = 0):
     return AutoModelForCausalLM.from_config(config)
 
 
+def save_weights(config_dir: Path, dest: Path, seed: int) -> Path:
+    """A checkpoint of the tiny model with weights drawn from `seed` (the "user's" weights)."""
+    import shutil
+
+    model = init_model(config_dir, seed=seed)
+    model.save_pretrained(dest)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (config_dir / name).exists():
+            shutil.copy(config_dir / name, dest / name)
+    return dest
+
+
 def words(n: int, offset: int = 0) -> str:
     """A text of exactly n tokens."""
     return " ".join(f"w{(offset + i) % VOCAB_WORDS}" for i in range(n))
