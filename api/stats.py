@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, get_args
 
-from sqlalchemy import Engine, and_, case, func, select
+from sqlalchemy import Engine, case, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from api.services import TTLCache
@@ -23,7 +23,7 @@ from warmup.db import models as m
 from warmup.db.columns import db_now
 from warmup.db.engine import make_sessionmaker
 from warmup.db.records import JobState, job_state
-from warmup.db.repository import signature_state
+from warmup.db.repository import signature_rows, signature_state
 from warmup.toolchain import Toolchain
 
 # Compile times range from seconds (Inductor) to a minute (a Neuron graph) to ~12 minutes (a new
@@ -97,25 +97,10 @@ class Stats:
 
     def job_states(self) -> dict[str, int]:
         """Jobs by state (every JobState), by the same rule as a job's status."""
-        entry_id = m.Entry.id.isnot(None).label("has_entry")
-        query = (
-            select(m.JobSignature.job_id, entry_id, m.Task.state, func.count())
-            .join(m.Job, m.Job.id == m.JobSignature.job_id)
-            .outerjoin(
-                m.Entry,
-                and_(
-                    m.Entry.signature_key == m.JobSignature.signature_key,
-                    m.Entry.toolchain_key == m.Job.toolchain_key,
-                ),
-            )
-            .outerjoin(
-                m.Task,
-                and_(
-                    m.Task.signature_key == m.JobSignature.signature_key,
-                    m.Task.toolchain_key == m.Job.toolchain_key,
-                ),
-            )
-            .group_by(m.JobSignature.job_id, entry_id, m.Task.state)
+        rows = signature_rows().subquery()
+        has_entry = rows.c.entry_id.isnot(None).label("has_entry")
+        query = select(rows.c.job_id, has_entry, rows.c.task_state, func.count()).group_by(
+            rows.c.job_id, has_entry, rows.c.task_state
         )
         per_job: dict[uuid.UUID, Counter[str]] = defaultdict(Counter)
         with self._sessions() as session:

@@ -7,12 +7,12 @@ to count the compiles a running process still had to do.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from warmup.artifacts import ArtifactFile
+from warmup.artifacts import ArtifactFile, list_paths
 
 # Dynamo's defaults (torch._dynamo.config); a plan larger than these needs more.
 DYNAMO_RECOMPILE_LIMIT = 8
@@ -60,6 +60,31 @@ class CompileCounter(Protocol):
     """Counts fresh compiles from the moment it was made."""
 
     def fresh(self) -> FreshCompiles: ...
+
+
+class CacheCompileCounter:
+    """Fresh compiles since construction: the backend's cache-miss counts, and new artifact files in the
+    cache dir (Inductor's counters say "hit" even when g++ rebuilt a kernel; new files do not lie)."""
+
+    def __init__(
+        self,
+        is_artifact: Callable[[str], bool],
+        cache_dir: Path,
+        read_counts: Callable[[], dict[str, int]],
+    ) -> None:
+        self.is_artifact = is_artifact
+        self.cache_dir = cache_dir
+        self.read_counts = read_counts
+        self._start_counts = read_counts()
+        self._start_files = list_paths(cache_dir)
+
+    def fresh(self) -> FreshCompiles:
+        now = self.read_counts()
+        counts = {name: now[name] - self._start_counts.get(name, 0) for name in now}
+        new_files = sorted(
+            path for path in list_paths(self.cache_dir) - self._start_files if self.is_artifact(path)
+        )
+        return FreshCompiles(counts=counts, new_files=tuple(new_files))
 
 
 @runtime_checkable

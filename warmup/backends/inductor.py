@@ -28,8 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from warmup.artifacts import MANIFEST_NAME, ArtifactFile, list_paths, scan_files
-from warmup.backends.base import FreshCompiles, recompile_limits
+from warmup.artifacts import MANIFEST_NAME, ArtifactFile, scan_files
+from warmup.backends.base import CacheCompileCounter, recompile_limits
 
 KEY_TAG_PREFIX = "trl-warmup"
 # The Inductor / AOTAutograd counters that mean "compiled here" rather than "loaded from the cache".
@@ -112,26 +112,8 @@ class InductorBackend:
     def collect(self, cache_dir: str | Path) -> list[ArtifactFile]:
         return scan_files(cache_dir, self.is_artifact)
 
-    def counter(self, cache_dir: str | Path) -> InductorCompileCounter:
-        return InductorCompileCounter(self, Path(cache_dir))
-
-
-class InductorCompileCounter:
-    """Fresh compiles since construction: Inductor / AOTAutograd misses and new artifact files."""
-
-    def __init__(self, backend: InductorBackend, cache_dir: Path) -> None:
-        self.backend = backend
-        self.cache_dir = cache_dir
-        self._start_counts = _miss_counts()
-        self._start_files = list_paths(cache_dir)
-
-    def fresh(self) -> FreshCompiles:
-        now = _miss_counts()
-        counts = {name: now[name] - self._start_counts.get(name, 0) for name in now}
-        new_files = sorted(
-            path for path in list_paths(self.cache_dir) - self._start_files if self.backend.is_artifact(path)
-        )
-        return FreshCompiles(counts=counts, new_files=tuple(new_files))
+    def counter(self, cache_dir: str | Path) -> CacheCompileCounter:
+        return CacheCompileCounter(self.is_artifact, Path(cache_dir), _miss_counts)
 
 
 def _miss_counts() -> dict[str, int]:

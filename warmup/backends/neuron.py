@@ -31,8 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from warmup.artifacts import ArtifactFile, list_paths, scan_files
-from warmup.backends.base import FreshCompiles, recompile_limits
+from warmup.artifacts import ArtifactFile, scan_files
+from warmup.backends.base import CacheCompileCounter, recompile_limits
 from warmup.toolchain import canonical_neuron_cc_flags, neuron_lnc, neuron_target_from_name
 
 NEFF_PATH = re.compile(r"(?P<a>[0-9A-Za-z]{2})/(?P<b>[0-9A-Za-z]{2})/(?P<key>[0-9A-Za-z_\-]+)\.neff")
@@ -102,24 +102,8 @@ class NeuronBackend:
     def collect(self, cache_dir: str | Path) -> list[ArtifactFile]:
         return scan_files(cache_dir, self.is_artifact)
 
-    def counter(self, cache_dir: str | Path) -> NeuronCompileCounter:
-        return NeuronCompileCounter(self, Path(cache_dir))
-
-
-class NeuronCompileCounter:
-    def __init__(self, backend: NeuronBackend, cache_dir: Path) -> None:
-        self.backend = backend
-        self.cache_dir = cache_dir
-        self._start_stats = _cache_stats()
-        self._start_files = list_paths(cache_dir)
-
-    def fresh(self) -> FreshCompiles:
-        stats = _cache_stats()
-        counts = {name: stats[name] - self._start_stats.get(name, 0) for name in stats}
-        new_files = sorted(
-            path for path in list_paths(self.cache_dir) - self._start_files if self.backend.is_artifact(path)
-        )
-        return FreshCompiles(counts=counts, new_files=tuple(new_files))
+    def counter(self, cache_dir: str | Path) -> CacheCompileCounter:
+        return CacheCompileCounter(self.is_artifact, Path(cache_dir), _cache_stats)
 
 
 def _cache_stats() -> dict[str, int]:

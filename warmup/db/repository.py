@@ -78,7 +78,7 @@ class Repository:
             if job is None:
                 return None
             rows = session.execute(
-                _signature_rows([job_id])
+                signature_rows([job_id])
                 .join(m.Signature, m.Signature.key == m.JobSignature.signature_key)
                 .add_columns(
                     m.Signature.data.label("signature"),
@@ -152,7 +152,7 @@ class Repository:
             jobs = list(session.execute(query).scalars())
             counts: dict[uuid.UUID, Counter[str]] = defaultdict(Counter)
             if jobs:
-                for row in session.execute(_signature_rows([job.id for job in jobs])):
+                for row in session.execute(signature_rows([job.id for job in jobs])):
                     counts[row.job_id][signature_state(row.entry_id is not None, row.task_state)] += 1
             return [JobSummary(**_summary_fields(job, dict(counts[job.id]))) for job in jobs]
 
@@ -341,9 +341,9 @@ class Repository:
             return Keyed(row.key, row.data) if row is not None else None
 
 
-def _signature_rows(job_ids: list[uuid.UUID]) -> Any:
-    """Each signature of these jobs, with its entry and task under the job's toolchain (if any)."""
-    return (
+def signature_rows(job_ids: list[uuid.UUID] | None = None) -> Any:
+    """Each signature of these jobs (all jobs: None), with its entry and task under the job's toolchain."""
+    query = (
         select(
             m.JobSignature.job_id,
             m.JobSignature.signature_key,
@@ -365,8 +365,8 @@ def _signature_rows(job_ids: list[uuid.UUID]) -> Any:
                 m.Task.toolchain_key == m.Job.toolchain_key,
             ),
         )
-        .where(m.JobSignature.job_id.in_(job_ids))
     )
+    return query if job_ids is None else query.where(m.JobSignature.job_id.in_(job_ids))
 
 
 def _summary_fields(job: m.Job, counts: dict[str, int]) -> dict[str, Any]:
