@@ -38,14 +38,8 @@ from warmup.errors import RehearsalError, WarmupError
 from warmup.rehearsal.data import TextMaker, preference_rows, prompt_rows, reward_rows, sft_rows
 from warmup.rehearsal.units import RehearsalUnit
 from warmup.spec import Spec
+from warmup.trl_args import config_class
 
-CONFIG_CLASSES = {
-    "sft": "SFTConfig",
-    "dpo": "DPOConfig",
-    "reward": "RewardConfig",
-    "grpo": "GRPOConfig",
-    "rloo": "RLOOConfig",
-}
 TRAINER_CLASSES = {
     "sft": "SFTTrainer",
     "dpo": "DPOTrainer",
@@ -347,10 +341,8 @@ REHEARSAL_OVERRIDES: dict[str, Any] = {
 
 def build_config(job: RunJob) -> Any:
     """The job's TRL config with rehearsal's graph-neutral overrides, resolved by TRL on this device."""
-    import trl
-
     spec, unit = job.spec, job.unit
-    cls = getattr(trl, CONFIG_CLASSES[spec.trainer])
+    cls = config_class(spec.trainer)
     known = {f.name for f in dataclasses.fields(cls)}
     overrides = {
         **REHEARSAL_OVERRIDES,
