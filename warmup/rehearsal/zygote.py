@@ -99,9 +99,10 @@ def preload(trainer: str) -> None:
     import trl
 
     from warmup.rehearsal import drivers
+    from warmup.trl_args import config_class
 
-    getattr(trl, drivers.TRAINER_CLASSES.get(trainer, "SFTTrainer"))
-    getattr(trl, drivers.CONFIG_CLASSES.get(trainer, "SFTConfig"))
+    getattr(trl, drivers.TRAINER_CLASSES.get(trainer, "SFTTrainer"))  # TRL imports its modules lazily
+    config_class(trainer)
 
 
 def free_port() -> int:
