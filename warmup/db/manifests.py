@@ -12,12 +12,10 @@ from collections.abc import Sequence
 from warmup.db.records import Keyed
 from warmup.db.repository import Repository
 from warmup.errors import UnsafeArtifactError
-from warmup.manifest import Manifest, ManifestFile
+from warmup.manifest import Manifest, ManifestFile, manifest_object_key
 from warmup.store import BlobStore
 
-
-def manifest_object_key(spec_key: str, toolchain_key: str) -> str:
-    return f"manifests/{spec_key}/{toolchain_key}.json"
+__all__ = ["build_manifest", "manifest_object_key", "publish_manifest"]
 
 
 def build_manifest(
@@ -69,7 +67,7 @@ def build_manifest(
 def publish_manifest(store: BlobStore, manifest: Manifest) -> None:
     """Write a complete manifest into the bucket, without URLs (pods pulling from the bucket read blobs
     directly). Call only after every blob it names is in the store."""
-    body = manifest.model_copy(update={"files": [f.model_copy(update={"url": None}) for f in manifest.files]})
+    body = manifest.without_urls()
     store.put_object(
         manifest_object_key(manifest.spec_key, manifest.toolchain_key),
         json.dumps(body.model_dump(mode="json"), sort_keys=True).encode(),
