@@ -126,7 +126,7 @@ def cmd_pull(ns: argparse.Namespace) -> int:
     spec = load_spec_from_args(ns)
     result = _pull(ns, spec)
     if ns.print_env:
-        for name, value in child_environment(spec, result).items():
+        for name, value in child_environment(spec, result, _server(ns)).items():
             print(f"export {name}={shlex.quote(value)}")
     return 0
 
@@ -144,7 +144,7 @@ def _pull(ns: argparse.Namespace, spec: Any) -> Any:
     result = pull(
         spec,
         ns.dest,
-        server=None if ns.source else ns.server,
+        server=_server(ns),
         source=ns.source,
         allow_partial=ns.allow_partial,
         wait=ns.wait,
@@ -163,6 +163,10 @@ def _pull(ns: argparse.Namespace, spec: Any) -> Any:
             file=sys.stderr,
         )
     return result
+
+
+def _server(ns: argparse.Namespace) -> str | None:
+    return None if ns.source else ns.server
 
 
 def summary_line(result: Any) -> str:
@@ -226,10 +230,10 @@ class Progress:
 # --- the environment of the training process -----------------------------------------------------
 
 
-def child_environment(spec: Any, result: Any) -> dict[str, str]:
+def child_environment(spec: Any, result: Any, server: str | None = None) -> dict[str, str]:
     """What `warmup exec` sets for the command, and `pull --print-env` prints: the backend's cache
     environment, the recompile limits (applied in every Python process by warmup/_sitecustomize), and
-    the spec for the training callback."""
+    the spec and server for the training callback."""
     from warmup._sitecustomize import DIRECTORY
     from warmup.backends import recompile_limits
 
@@ -238,6 +242,8 @@ def child_environment(spec: Any, result: Any) -> dict[str, str]:
     env["WARMUP_RECOMPILE_LIMIT"] = str(limit)
     env["WARMUP_ACCUMULATED_RECOMPILE_LIMIT"] = str(accumulated)
     env["WARMUP_SPEC"] = spec.canonical_json()
+    if server:
+        env["WARMUP_SERVER"] = server
     paths = [str(DIRECTORY), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
@@ -267,7 +273,7 @@ def cmd_exec(ns: argparse.Namespace) -> int:
         raise WarmupError("give the command to run after `--`: warmup exec SPEC --dest DIR -- CMD ...")
     spec = load_spec_from_args(ns)
     result = _pull(ns, spec)
-    env = {**os.environ, **child_environment(spec, result)}
+    env = {**os.environ, **child_environment(spec, result, _server(ns))}
     print(f"exec: {shlex.join(ns.argv)}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     try:
