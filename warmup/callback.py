@@ -7,16 +7,16 @@ Under `warmup exec`, `WarmupCallback()` needs no arguments: the spec, the server
 the cache directory come from the environment exec sets.
 
 How it observes the run:
-- Signatures met: a forward pre-hook on the model the Trainer hands to callbacks records the shape
-  of each call's `input_ids` (or `inputs_embeds`, or first tensor argument) and its phase: `train`
-  with grad on, `eval` in eval mode, `old_logps` in train mode without grad, `generate_*` when a KV
-  cache is passed. The hook is the model's own, not the data's, so it sees what the compiled graph
-  sees (DPO's concatenated chosen+rejected rows, packed or padded batches) for every TRL trainer.
-  torch.compile wraps the module and runs its hooks outside the compiled frame; under DDP the hook
-  sits inside it, where it returns at once (`torch.compiler.is_compiling()`), so it changes no
-  graph but records nothing: there the report carries the fresh compiles only. Reference-model
-  signatures (DPO, GRPO/RLOO with beta) are inferred from the policy's shapes, on which TRL runs
-  the reference model.
+- Signatures met: forward pre-hooks record the shape of each model call's `input_ids` (or
+  `inputs_embeds`, or first tensor argument) and its phase: `train` with grad on, `eval` in eval
+  mode, `old_logps` in train mode without grad, `generate_*` when a KV cache is passed, `ref` for the
+  reference model. Hooks on the model, not on the data, see what the compiled graph sees (DPO's
+  concatenated chosen+rejected rows, padded or packed batches) for every TRL trainer. They sit on the
+  modules the trainer calls: its `model_wrapped` (torch.compile's wrapper, DDP), whose hooks run
+  outside the compiled frame, found from the trainer calling `on_train_begin`; the bare model (eager
+  evaluation, generation); and the trainer's `ref_model`. A hook reached inside a compiled frame
+  returns at once (`torch.compiler.is_compiling()`): it never changes a graph. Without a reference
+  model to hook, reference signatures are inferred from the policy's shapes, on which TRL runs it.
 - Fresh compiles: the backend's counter (Inductor: FX graph and AOTAutograd cache misses and
   bypasses, and new files in the cache dir; Neuron: the runtime's cache statistics and new NEFFs).
   When a new shape is met, the compiles since the previous new shape are its own; a shape that
@@ -89,7 +89,8 @@ class WarmupCallback(TrainerCallback):
         self._fresh_total = 0
         self._step = 0
         self._counter: Any = None
-        self._hook: Any = None
+        self._hooks: list[Any] = []
+        self._watching_ref = False
         self._output_dir: Path | None = None
         self._training = False
         self._reported = False
@@ -133,8 +134,8 @@ class WarmupCallback(TrainerCallback):
         self._start_counting()
         self._output_dir = Path(args.output_dir) if getattr(args, "output_dir", None) else None
         self._training, self._reported = True, False
-        if model is not None and self._hook is None:
-            self._hook = model.register_forward_pre_hook(self._on_forward, with_kwargs=True)
+        if not self._hooks:
+            self._watch_models(model)
         atexit.register(self._report_at_exit)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -145,9 +146,9 @@ class WarmupCallback(TrainerCallback):
         self._settle()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
         self.report("completed")
 
     # --- observing --------------------------------------------------------------------------------
@@ -163,13 +164,50 @@ class WarmupCallback(TrainerCallback):
         except Exception as error:
             log.warning("trl-warmup: cannot count compiles in %s (%s)", self.cache_dir, error)
 
-    def _on_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _watch_models(self, model: Any) -> None:
+        """Hook the modules the trainer calls. The callback event hands over the bare model, whose hooks
+        run inside the compiled frame; the trainer's `model_wrapped` (torch.compile's wrapper, DDP)
+        runs its hooks outside, so it is found on the stack of the trainer that called this event."""
+        trainer = self._calling_trainer()
+        modules = [getattr(trainer, "model_wrapped", None), model]
+        for module in {id(m): m for m in modules if m is not None}.values():
+            self._hooks.append(module.register_forward_pre_hook(self._observer(None), with_kwargs=True))
+        ref = getattr(trainer, "ref_model", None)
+        if ref is not None and hasattr(ref, "register_forward_pre_hook"):
+            self._hooks.append(ref.register_forward_pre_hook(self._observer("ref"), with_kwargs=True))
+            self._watching_ref = True
+
+    def _calling_trainer(self) -> Any:
+        """The Trainer whose callback handler is running this callback, from the call stack (transformers
+        calls events from Trainer methods through CallbackHandler.call_event), or None."""
+        frame = sys._getframe(1)
+        for _ in range(12):
+            frame = frame.f_back
+            if frame is None:
+                return None
+            candidate = frame.f_locals.get("self")
+            handler = getattr(candidate, "callback_handler", None)
+            if hasattr(candidate, "model_wrapped") and any(
+                c is self for c in getattr(handler, "callbacks", ())
+            ):
+                return candidate
+        return None
+
+    def _observer(self, phase: str | None) -> Any:
+        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self._on_forward(module, args, kwargs, phase)
+
+        return hook
+
+    def _on_forward(
+        self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], phase: str | None
+    ) -> None:
         import torch
 
         if torch.compiler.is_compiling():  # inside a compiled frame: observing would change the graph
             return None
         try:
-            shape = _shape_of(module, args, kwargs, torch.is_grad_enabled())
+            shape = _shape_of(module, args, kwargs, torch.is_grad_enabled(), phase)
             if shape is not None and shape not in self._met:
                 self._settle()  # what compiled until now belongs to the shapes met before this one
                 with self._lock:
@@ -234,7 +272,7 @@ class WarmupCallback(TrainerCallback):
         unmatched: list[str] = []
         observed = dict(self._met)
         for shape, seen in list(observed.items()):  # the reference model runs on the policy's batches
-            if shape[0] == "train" and "ref" in self._templates:
+            if shape[0] == "train" and "ref" in self._templates and not self._watching_ref:
                 observed.setdefault(("ref", shape[1], shape[2]), seen)
         for shape, seen in sorted(observed.items()):
             signature = self._planned.get(shape)
@@ -357,7 +395,9 @@ class WarmupCallback(TrainerCallback):
             log.warning("trl-warmup: cannot write %s: %s", self._output_dir / name, error)
 
 
-def _shape_of(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], grad: bool) -> Shape | None:
+def _shape_of(
+    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], grad: bool, phase: str | None
+) -> Shape | None:
     tensor = kwargs.get("input_ids")
     if tensor is None:
         tensor = kwargs.get("inputs_embeds")
@@ -367,15 +407,24 @@ def _shape_of(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], grad: 
     if dims is None or len(dims) < 2:
         return None
     batch, seq_len = int(dims[0]), int(dims[1])
-    if kwargs.get("past_key_values") is not None:
-        phase = "generate_prefill" if seq_len > 1 else "generate_decode"
-    elif not module.training:
-        phase = "eval"
-    elif grad:
-        phase = "train"
-    else:
-        phase = "old_logps"
+    if phase is None:
+        if kwargs.get("past_key_values") is not None:
+            phase = "generate_prefill" if seq_len > 1 else "generate_decode"
+        elif not _innermost(module).training:
+            phase = "eval"
+        else:
+            phase = "train" if grad else "old_logps"
     return phase, batch, seq_len
+
+
+def _innermost(module: Any) -> Any:
+    """The model under torch.compile's and DDP's wrappers: its train/eval mode is the one that counts."""
+    for _ in range(4):
+        inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)
+        if inner is None:
+            return module
+        module = inner
+    return module
 
 
 def _label(shape: Shape) -> str:

@@ -9,12 +9,16 @@ Exit codes: 0 ok, 2 invalid spec, 3 not warmed / partly warmed / warm-up failed,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from warmup.errors import WarmupError
@@ -141,19 +145,20 @@ def _pull(ns: argparse.Namespace, spec: Any) -> Any:
             "give the service URL (--server URL or WARMUP_SERVER) or the bucket (--from s3://bucket/prefix)"
         )
     progress = Progress(sys.stderr)
-    result = pull(
-        spec,
-        ns.dest,
-        server=_server(ns),
-        source=ns.source,
-        allow_partial=ns.allow_partial,
-        wait=ns.wait,
-        timeout=ns.timeout,
-        poll_interval=ns.poll,
-        parallel=ns.parallel,
-        on_progress=progress,
-        on_waiting=progress.waiting,
-    )
+    with _isa_probes_into(spec, ns.dest):
+        result = pull(
+            spec,
+            ns.dest,
+            server=_server(ns),
+            source=ns.source,
+            allow_partial=ns.allow_partial,
+            wait=ns.wait,
+            timeout=ns.timeout,
+            poll_interval=ns.poll,
+            parallel=ns.parallel,
+            on_progress=progress,
+            on_waiting=progress.waiting,
+        )
     progress.done()
     print(summary_line(result), file=sys.stderr)
     if result.manifest.missing:
@@ -163,6 +168,40 @@ def _pull(ns: argparse.Namespace, spec: Any) -> Any:
             file=sys.stderr,
         )
     return result
+
+
+@contextlib.contextmanager
+def _isa_probes_into(spec: Any, dest: str) -> Iterator[None]:
+    """Build Inductor's CPU probe programs for DEST while the toolchain is computed, and move them into
+    DEST once the pull succeeded.
+
+    The first time a process picks its CPU vector ISA, Inductor builds small probe programs with g++
+    into its cache directory (computing the toolchain does it). A process started with the cache
+    environment already set (`exec`, a shell after `--print-env`) would build them in DEST during its
+    first training step, which the compile counter rightly sees as new files; build them here instead,
+    in a staging directory, so that a failed pull still leaves DEST untouched.
+    """
+    if (spec.target.backend, spec.target.device) != ("inductor", "cpu"):
+        yield
+        return
+    variable = "TORCHINDUCTOR_CACHE_DIR"
+    previous = os.environ.get(variable)
+    staging = Path(tempfile.mkdtemp(prefix="warmup-isa-probes-"))
+    os.environ[variable] = str(staging)
+    try:
+        yield
+        target = Path(dest).expanduser().resolve()
+        for probe in staging.rglob("*"):
+            relative = probe.relative_to(staging)
+            if probe.is_file() and relative.parts[0] != "locks" and not (target / relative).exists():
+                (target / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(probe, target / relative)
+    finally:
+        if previous is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = previous
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _server(ns: argparse.Namespace) -> str | None:

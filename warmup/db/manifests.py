@@ -17,6 +17,10 @@ from warmup.store import BlobStore
 
 __all__ = ["build_manifest", "manifest_object_key", "publish_manifest"]
 
+# Named by the hash of their C++ source, but g++ embeds the build directory in them: the same kernel
+# built by two rehearsals (a kernel shared by two shapes) has one path and two valid contents.
+BUILD_DIR_DEPENDENT = (".so",)
+
 
 def build_manifest(
     repository: Repository,
@@ -42,13 +46,13 @@ def build_manifest(
         for ref in entry.files:
             known = files.get(ref.path)
             if known is not None:
-                if known.sha256 != ref.sha256:
+                if known.sha256 != ref.sha256 and not ref.path.endswith(BUILD_DIR_DEPENDENT):
                     # Inductor and TorchNeuron name their files by content hash: this cannot happen
                     # unless a cache was tampered with. Refuse rather than install either.
                     raise UnsafeArtifactError(
                         f"two entries disagree on the content of {ref.path!r}; re-warm the spec"
                     )
-                continue
+                continue  # a kernel two runs built: either build serves (the first entry's is kept)
             url = store.presigned_url(ref.sha256, presign_expiry_s) if store and presign_expiry_s else None
             files[ref.path] = ManifestFile(path=ref.path, sha256=ref.sha256, size=ref.size, url=url)
     return Manifest(

@@ -1,0 +1,194 @@
+"""Downloads: transient failures are retried with backoff, real errors are not, an install is all or
+nothing, the token goes to the service only, and progress is reported.
+
+Blobs are served by a real HTTP server in a thread that can misbehave on purpose.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import os
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from warmup.client import INDEX_NAME, HttpBlobSource, StoreBlobSource, install
+from warmup.errors import BlobIntegrityError, StoreError
+from warmup.manifest import Manifest, ManifestFile
+from warmup.store import LocalBlobStore
+
+
+class FlakyServer:
+    """Serves /blobs/<sha256>. `fail[sha]` = how many of the first requests get a 503; `cut[sha]` = how
+    many of the first requests get half the body and a closed connection; `corrupt` serves wrong bytes."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.fail: dict[str, int] = {}
+        self.cut: dict[str, int] = {}
+        self.corrupt: set[str] = set()
+        self.requests: dict[str, int] = {}
+        self.headers: list[dict[str, str]] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                sha = self.path.rsplit("/", 1)[-1]
+                server.headers.append(dict(self.headers))
+                seen = server.requests[sha] = server.requests.get(sha, 0) + 1
+                body = server.blobs.get(sha)
+                if body is None:
+                    return self._answer(404, b"")
+                if seen <= server.fail.get(sha, 0):
+                    return self._answer(503, b"busy")
+                if sha in server.corrupt:
+                    body = bytes(len(body))
+                if seen <= server.cut.get(sha, 0):
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return None
+                return self._answer(200, body)
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def file(self, path: str, data: bytes, *, presigned: bool = True) -> ManifestFile:
+        sha = hashlib.sha256(data).hexdigest()
+        self.blobs[sha] = data
+        url = f"{self.url}/presigned/{sha}" if presigned else None
+        return ManifestFile(path=path, sha256=sha, size=len(data), url=url)
+
+
+@pytest.fixture
+def server():
+    flaky = FlakyServer()
+    yield flaky
+    flaky.httpd.shutdown()
+
+
+@pytest.fixture
+def web():
+    with httpx.Client() as client:
+        yield client
+
+
+def manifest_of(files: list[ManifestFile]) -> Manifest:
+    return Manifest(
+        spec_key="s" * 64,
+        toolchain_key="t" * 64,
+        toolchain={},
+        backend="inductor",
+        device="cpu",
+        plan_size=1,
+        signatures=["a"],
+        files=files,
+    )
+
+
+def installed(dest: Path) -> set[str]:
+    if not dest.exists():
+        return set()
+    return {
+        p.relative_to(dest).as_posix()
+        for p in dest.rglob("*")
+        if p.is_file()
+        and not p.name.startswith(".warmup")
+        and not p.relative_to(dest).as_posix().startswith(".warmup")
+    }
+
+
+def test_transient_failures_are_retried_until_the_file_is_right(server, web, tmp_path):
+    busy = server.file("fxgraph/a/entry", os.urandom(5000))
+    dropped = server.file("kernels/b.so", os.urandom(300_000))
+    server.fail[busy.sha256] = 2  # 503, 503, then 200
+    server.cut[dropped.sha256] = 1  # half the body, connection closed, then whole
+    result = install(manifest_of([busy, dropped]), tmp_path, HttpBlobSource(web, None), parallel=2)
+    assert result.downloaded == 2
+    assert (server.requests[busy.sha256], server.requests[dropped.sha256]) == (3, 2)
+    for file in (busy, dropped):
+        assert hashlib.sha256((tmp_path / file.path).read_bytes()).hexdigest() == file.sha256
+
+
+def test_a_file_that_keeps_failing_gives_up_and_installs_nothing(server, web, tmp_path):
+    good = server.file("good.bin", b"good bytes")
+    down = server.file("down.bin", b"never served")
+    server.fail[down.sha256] = 99
+    with pytest.raises(StoreError, match="HTTP 503") as raised:
+        install(manifest_of([good, down]), tmp_path / "cache", HttpBlobSource(web, None), attempts=3)
+    assert "nothing was installed" in str(raised.value)
+    assert server.requests[down.sha256] == 3
+    assert installed(tmp_path / "cache") == set()  # the good file waited in a temp file, then went away
+    assert not (tmp_path / "cache" / INDEX_NAME).exists()
+
+
+def test_a_missing_blob_and_a_corrupt_one_are_not_retried(server, web, tmp_path):
+    ghost = ManifestFile(path="ghost.bin", sha256="0" * 64, size=3, url=f"{server.url}/presigned/{'0' * 64}")
+    with pytest.raises(StoreError, match="HTTP 404"):
+        install(manifest_of([ghost]), tmp_path / "a", HttpBlobSource(web, None))
+    assert server.requests["0" * 64] == 1
+    bad = server.file("bad.bin", b"the real content")
+    server.corrupt.add(bad.sha256)
+    with pytest.raises(BlobIntegrityError, match="sha256 mismatch"):
+        install(manifest_of([bad]), tmp_path / "b", HttpBlobSource(web, None))
+    assert server.requests[bad.sha256] == 1
+    assert installed(tmp_path / "a") == installed(tmp_path / "b") == set()
+
+
+def test_the_token_goes_to_the_service_and_never_to_a_presigned_url(server, web, tmp_path):
+    presigned = server.file("a.bin", b"from the bucket")
+    routed = server.file("b.bin", b"from the api", presigned=False)
+    source = HttpBlobSource(web, server.url, {"Authorization": "Bearer wu_secret"})
+    install(manifest_of([presigned, routed]), tmp_path, source, parallel=1)
+    sent = {h.get("Authorization") for h in server.headers}
+    assert sent == {None, "Bearer wu_secret"} and len(server.headers) == 2
+
+
+def test_progress_counts_files_and_bytes_up_to_the_total(server, web, tmp_path):
+    files = [server.file(f"f{i}.bin", os.urandom(1000 * (i + 1))) for i in range(5)]
+    seen = []
+    install(manifest_of(files), tmp_path, HttpBlobSource(web, None), parallel=2, on_progress=seen.append)
+    last = seen[-1]
+    assert (last.files_done, last.files_total) == (5, 5)
+    assert last.bytes_done == last.bytes_total == sum(f.size for f in files)
+    assert [p.files_done for p in seen] == sorted(p.files_done for p in seen)
+
+
+def test_install_from_a_store_streams_and_verifies(tmp_path):
+    store = LocalBlobStore(tmp_path / "store")
+    sources = []
+    for index in range(3):
+        path = tmp_path / f"src{index}"
+        path.write_bytes(os.urandom(3 * 1024 * 1024 + index))  # several chunks each
+        store.put_file(path)
+        sources.append(path)
+    files = [
+        ManifestFile(
+            path=f"dir/{p.name}", sha256=hashlib.sha256(p.read_bytes()).hexdigest(), size=p.stat().st_size
+        )
+        for p in sources
+    ]
+    result = install(manifest_of(files), tmp_path / "cache", StoreBlobSource(store))
+    assert result.downloaded == 3 and installed(tmp_path / "cache") == {f.path for f in files}
+    (store.root / "blobs" / files[0].sha256[:2] / files[0].sha256).write_bytes(b"tampered")
+    with pytest.raises(BlobIntegrityError):
+        install(manifest_of(files), tmp_path / "other", StoreBlobSource(store))
+    assert installed(tmp_path / "other") == set()
