@@ -233,15 +233,15 @@ class Progress:
         self.stream = stream
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self.last = 0.0
-        self.shown = False
+        self.shown = self.final_shown = False
         self.last_reason = ""
 
     def __call__(self, progress: Any) -> None:
         now = time.monotonic()
         final = progress.files_done == progress.files_total
-        if not final and now - self.last < (0.2 if self.tty else 5.0):
+        if (final and self.final_shown) or (not final and now - self.last < (0.2 if self.tty else 5.0)):
             return
-        self.last = now
+        self.last, self.final_shown = now, final
         rate = progress.bytes_done / max(progress.elapsed_s, 1e-6)
         text = (
             f"pulling: {progress.files_done}/{progress.files_total} files, "
