@@ -311,7 +311,7 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     if not ns.argv:
         raise WarmupError("give the command to run after `--`: warmup exec SPEC --dest DIR -- CMD ...")
     spec = load_spec_from_args(ns)
-    result = _pull(ns, spec)
+    result = _pull_or_installed(ns, spec)
     env = {**os.environ, **child_environment(spec, result, _server(ns))}
     print(f"exec: {shlex.join(ns.argv)}", file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -320,6 +320,42 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     except OSError as error:
         raise WarmupError(f"cannot run {ns.argv[0]!r}: {error.strerror or error}") from None
     return 0  # not reached: exec replaced this process
+
+
+def _pull_or_installed(ns: argparse.Namespace, spec: Any) -> Any:
+    """Pull; when the service cannot be reached, train on what an earlier pull installed in DEST (the
+    initContainer's), provided it was pulled for this toolchain and every file is still intact."""
+    from warmup.client import install, read_local_manifest
+    from warmup.errors import ServerUnreachableError
+    from warmup.toolchain import current_toolchain
+
+    try:
+        return _pull(ns, spec)
+    except ServerUnreachableError as error:
+        manifest = read_local_manifest(ns.dest, spec.key())
+        toolchain = current_toolchain(spec.target.backend, spec.target.device)
+        if manifest is None or manifest.toolchain_key != toolchain.key():
+            raise
+        try:
+            result = install(manifest, ns.dest, _Unreachable(error))  # verifies; downloads nothing
+        except WarmupError:
+            raise error from None
+        print(
+            f"warning: {error}; using the cache an earlier pull installed in {result.dest} "
+            f"({result.skipped} files, all verified)",
+            file=sys.stderr,
+        )
+        return result
+
+
+class _Unreachable:
+    """A blob source for when the service is away: any file still to download fails the install."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def open(self, file: Any) -> Any:
+        raise WarmupError(f"{file.path} is missing or changed in the cache, and {self.error}")
 
 
 # --- coverage -----------------------------------------------------------------------------------

@@ -203,6 +203,20 @@ def test_print_env_and_exec_set_the_cache_and_the_compile_policy(
     missing = warmup("exec", spec_file, "--server", api_url, "--dest", dest, "--", "no-such-command-xyz")
     assert missing.returncode == 1 and "cannot run 'no-such-command-xyz'" in missing.stderr
 
+    # The service is away when the training container starts: the initContainer's pull is enough.
+    away = warmup(
+        "exec", spec_file, "--server", "http://127.0.0.1:9", "--dest", dest, "--", sys.executable, "-c", child
+    )
+    assert away.returncode == 0, away.stderr
+    assert "cannot reach" in away.stderr and "using the cache an earlier pull installed" in away.stderr
+    assert json.loads(away.stdout.strip().splitlines()[-1])["limits"] == [limit, accumulated]
+    victim = next(p for p in dest.rglob("entry"))
+    victim.write_bytes(b"changed")  # ... unless the cache is not intact any more
+    broken = warmup("exec", spec_file, "--server", "http://127.0.0.1:9", "--dest", dest, "--", "true")
+    assert (
+        broken.returncode == 1 and "cannot reach" in broken.stderr and "using the cache" not in broken.stderr
+    )
+
 
 def test_refusals_name_the_cause_and_the_exit_codes_say_which(
     api_url, services, spec_file, pod_toolchain, tmp_path
