@@ -420,7 +420,9 @@ def _shape_of(
 def _innermost(module: Any) -> Any:
     """The model under torch.compile's and DDP's wrappers: its train/eval mode is the one that counts."""
     for _ in range(4):
-        inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)
+        inner = getattr(module, "_orig_mod", None)
+        if inner is None:
+            inner = getattr(module, "module", None)
         if inner is None:
             return module
         module = inner
