@@ -192,3 +192,29 @@ def test_install_from_a_store_streams_and_verifies(tmp_path):
     with pytest.raises(BlobIntegrityError):
         install(manifest_of(files), tmp_path / "other", StoreBlobSource(store))
     assert installed(tmp_path / "other") == set()
+
+
+def test_a_store_without_this_toolchains_manifest_names_the_closest_difference(tmp_path):
+    from warmup.client import bucket_manifest
+    from warmup.db.manifests import publish_manifest
+    from warmup.errors import NotWarmedError, ToolchainMismatchError
+    from warmup.toolchain import Toolchain
+
+    fields = dict(backend="inductor", device="cpu", python="3.11.7", torch="2.13.0+cpu", torch_key="ab" * 32)
+    ours = Toolchain(**fields, device_kind="cpu", cpu_isa="avx512", num_threads=2)
+    store = LocalBlobStore(tmp_path / "store")
+    with pytest.raises(NotWarmedError, match="--wait"):
+        bucket_manifest(store, "s" * 64, ours)
+    for theirs in (
+        ours.model_copy(update={"torch": "2.14.1", "cpu_isa": "avx2"}),
+        ours.model_copy(update={"torch": "2.14.1"}),
+    ):
+        published = manifest_of([]).model_copy(
+            update={"toolchain_key": theirs.key(), "toolchain": theirs.model_dump(mode="json")}
+        )
+        publish_manifest(store, published)
+    with pytest.raises(ToolchainMismatchError) as raised:
+        bucket_manifest(store, "s" * 64, ours)
+    assert raised.value.differences == {"torch": ("2.13.0+cpu", "2.14.1")}
+    publish_manifest(store, manifest_of([]).model_copy(update={"toolchain_key": ours.key()}))
+    assert bucket_manifest(store, "s" * 64, ours).toolchain_key == ours.key()
