@@ -218,3 +218,22 @@ def test_a_store_without_this_toolchains_manifest_names_the_closest_difference(t
     assert raised.value.differences == {"torch": ("2.13.0+cpu", "2.14.1")}
     publish_manifest(store, manifest_of([]).model_copy(update={"toolchain_key": ours.key()}))
     assert bucket_manifest(store, "s" * 64, ours).toolchain_key == ours.key()
+
+
+def test_downloads_go_through_the_proxy_the_environment_names(server, web, tmp_path, monkeypatch):
+    from warmup.client import _proxies
+
+    monkeypatch.setenv("HTTP_PROXY", server.url)  # the test server answers as a proxy would
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    _proxies.cache_clear()
+    try:
+        file = server.file("a.bin", b"through the proxy")
+        file = file.model_copy(
+            update={"url": f"http://blobs.invalid/presigned/{file.sha256}"}
+        )  # no such host
+        with httpx.Client() as proxied:  # httpx reads the proxy from the environment
+            install(manifest_of([file]), tmp_path, HttpBlobSource(proxied, None))
+        assert (tmp_path / "a.bin").read_bytes() == b"through the proxy"
+    finally:
+        _proxies.cache_clear()
