@@ -668,9 +668,12 @@ def install(
                     for other in futures:  # one failure fails the install: stop downloading
                         other.cancel()
         if not result.failures:
+            made: set[Path] = set()
             for file in todo:  # every file verified: now, and only now, install them
                 target = dest / file.path
-                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.parent not in made:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    made.add(target.parent)
                 os.replace(staged.pop(file.path), target)
                 index.record(dest, file)
             _save_local_manifest(dest, manifest)
