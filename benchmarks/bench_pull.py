@@ -47,6 +47,7 @@ from api.services import Services
 from api.settings import Settings
 from tests.e2e.tiny_model import build_tiny_model
 from tests.support.live_server import serve
+from tests.support.pods import publish
 from tests.support.seaweed import seaweedfs
 from warmup.artifacts import ArtifactFile
 from warmup.backends import get_backend
@@ -168,13 +169,15 @@ def record_entries(
     services: Services, spec: Spec, toolchain: Toolchain, artifacts: list[ArtifactFile]
 ) -> None:
     """A job for the spec whose every signature has the warmed cache's files as its entry (as `warmup
-    warm` records them: the signatures of one run share its files), as workers would leave it."""
+    warm` records them: the signatures of one run share its files), as workers would leave it, with
+    its manifest published into the bucket."""
     signatures = [Keyed.of(s) for s in plan_spec(spec).signatures]
     services.queue.submit_job(Keyed.of(spec), Keyed.of(toolchain), signatures)
     refs = [FileRef(path=a.path, sha256=a.sha256, size=a.size) for a in artifacts]
     services.queue.reserve_blobs(refs)
     while (task := services.queue.claim("bench", toolchain.key(), 60)) is not None:
         services.queue.complete(task.id, "bench", refs, compile_seconds=30.0)
+    publish(services, spec, toolchain)  # the job is complete: its manifest goes into the bucket
 
 
 def race(

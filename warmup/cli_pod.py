@@ -179,21 +179,26 @@ def _isa_probes_into(spec: Any, dest: str) -> Iterator[None]:
     into its cache directory (computing the toolchain does it). A process started with the cache
     environment already set (`exec`, a shell after `--print-env`) would build them in DEST during its
     first training step, which the compile counter rightly sees as new files; build them here instead,
-    in a staging directory, so that a failed pull still leaves DEST untouched.
+    in a staging directory, so that a failed pull still leaves DEST untouched (or in DEST itself when
+    an earlier pull succeeded there, where they already are).
     """
     if (spec.target.backend, spec.target.device) != ("inductor", "cpu"):
         yield
         return
+    from warmup.client import LOCAL_MANIFESTS_DIR
+
     variable = "TORCHINDUCTOR_CACHE_DIR"
     previous = os.environ.get(variable)
-    staging = Path(tempfile.mkdtemp(prefix="warmup-isa-probes-"))
+    target = Path(dest).expanduser().resolve()
+    pulled_before = (target / LOCAL_MANIFESTS_DIR).is_dir()  # then the probes are there: no g++ again
+    staging = target if pulled_before else Path(tempfile.mkdtemp(prefix="warmup-isa-probes-"))
     os.environ[variable] = str(staging)
     try:
         yield
-        target = Path(dest).expanduser().resolve()
-        for probe in staging.rglob("*"):
+        probes = [] if pulled_before else [p for p in staging.rglob("*") if p.is_file()]
+        for probe in probes:
             relative = probe.relative_to(staging)
-            if probe.is_file() and relative.parts[0] != "locks" and not (target / relative).exists():
+            if relative.parts[0] != "locks" and not (target / relative).exists():
                 (target / relative).parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(probe, target / relative)
     finally:
@@ -201,7 +206,8 @@ def _isa_probes_into(spec: Any, dest: str) -> Iterator[None]:
             os.environ.pop(variable, None)
         else:
             os.environ[variable] = previous
-        shutil.rmtree(staging, ignore_errors=True)
+        if not pulled_before:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _server(ns: argparse.Namespace) -> str | None:
