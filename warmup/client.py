@@ -276,6 +276,12 @@ class HttpBlobSource:
             try:
                 connection.request("GET", target, headers=headers)
                 return key, connection.getresponse()
+            except ssl.SSLCertVerificationError as error:  # waiting will not fix a certificate
+                self._drop(key)
+                raise StoreError(
+                    f"{what}: the TLS certificate of {parts.hostname} is not trusted ({error.verify_message}); "
+                    "point SSL_CERT_FILE at the CA bundle that signed it"
+                ) from error
             except (OSError, http.client.HTTPException) as error:
                 self._drop(key)
                 if reused and attempt == 1:  # the server closed a kept-alive connection: reconnect now
