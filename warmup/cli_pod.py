@@ -107,7 +107,9 @@ class _ExecCommand(argparse.Action):
         super().__init__(*args, **kwargs)
         self.options = options
 
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None):
+    def __call__(
+        self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None
+    ) -> None:
         values = list(values or [])
         if "--" in values:
             cut = values.index("--")
