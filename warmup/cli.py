@@ -218,9 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--keep-work", action="store_true", help="keep the per-run directories and logs")
     warm.set_defaults(func=cmd_warm)
 
-    from warmup import cli_service
+    from warmup import cli_pod, cli_service
 
     cli_service.register(sub)
+    cli_pod.register(sub)
     return parser
 
 

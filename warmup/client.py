@@ -1,34 +1,43 @@
 """The HTTP client of the service, and `pull`: install a verified, prewarmed cache on a training pod.
 
-Pod-side code: needs only the base install (httpx, pydantic), never fastapi or sqlalchemy.
+Pod-side code: needs only the base install (httpx, pydantic), never fastapi, sqlalchemy or boto3 at
+import (pulling straight from S3 with `source="s3://..."` imports boto3 when it runs).
 
-`pull` computes (or takes) the pod's toolchain, asks the service for the manifest of (spec,
-toolchain), downloads the blobs in parallel over kept-alive connections, checks every sha256, and
-installs each file by writing a temp file and renaming it into place. Files already present with the
-right hash are skipped (a small index remembers what was verified, so a second pull is a stat per
-file). Paths that would land outside the destination are refused before anything is written.
+`pull` computes (or takes) the pod's toolchain and gets the manifest of (spec, toolchain), from the
+service or from the bucket the workers publish complete manifests into. `install` then downloads the
+blobs in parallel over kept-alive connections, checks every size and sha256, retries transient
+failures with backoff, and installs all files or none: each file is downloaded to a temp file in the
+destination, and only when every file is verified are they renamed into place. Files already present
+with the right hash are skipped (a small index remembers what was verified, so a second pull is a stat
+per file). Paths that would land outside the destination are refused before anything is written.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import hashlib
+import http.client
 import json
 import os
+import ssl
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import httpx
 
 from warmup.errors import (
     AuthError,
     BlobIntegrityError,
+    BlobNotFoundError,
     NotWarmedError,
     PartlyWarmedError,
     ServerError,
@@ -38,15 +47,32 @@ from warmup.errors import (
     ToolchainMismatchError,
     UnsafeArtifactError,
     WarmupError,
+    WarmupFailedError,
 )
 from warmup.errors import FieldProblem as _FieldProblem
-from warmup.manifest import Manifest, ManifestFile, check_relative_path, parse_manifest
+from warmup.manifest import (
+    MANIFESTS_PREFIX,
+    Manifest,
+    ManifestFile,
+    check_relative_path,
+    manifest_object_key,
+    parse_manifest,
+)
+
+if TYPE_CHECKING:
+    from warmup.spec import Spec
+    from warmup.store import BlobStore
+    from warmup.toolchain import Toolchain
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 CHUNK = 1 << 20
 INDEX_NAME = ".warmup-index.json"
 TEMP_DIR_NAME = ".warmup-tmp"
+# What each pull installed, by spec key: the training process (the callback, `warmup exec`) reads it.
+LOCAL_MANIFESTS_DIR = ".warmup-manifests"
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
+DOWNLOAD_ATTEMPTS = 4
+PRESIGN_S = 6 * 3600  # URLs signed by a pod pulling from the bucket: long enough for the largest pull
 
 
 # --- the service's HTTP API ---------------------------------------------------------------------
@@ -54,7 +80,7 @@ RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 
 class ServiceClient:
     """A small typed client of the trl-warmup API. Timeouts are on by default; the token comes from
-    the argument or WARMUP_TOKEN."""
+    the argument or WARMUP_TOKEN and is sent to the service only (never to presigned blob URLs)."""
 
     def __init__(
         self,
@@ -63,14 +89,14 @@ class ServiceClient:
         token: str | None = None,
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         max_connections: int = 32,
+        attempts: int = 4,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         token = token or os.environ.get("WARMUP_TOKEN")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.auth_headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.attempts = attempts
         self.http = httpx.Client(
-            base_url=self.server,
-            headers=headers,
             timeout=timeout,
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             transport=transport,
@@ -87,8 +113,12 @@ class ServiceClient:
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One API call with retries on connection errors and 5xx; API errors become WarmupErrors."""
+        url = f"{self.server}{path}"
+        headers = {**self.auth_headers, **kwargs.pop("headers", {})}
         response = _with_retries(
-            lambda: self.http.request(method, path, **kwargs), what=f"{self.server}{path}"
+            lambda: self.http.request(method, url, headers=headers, **kwargs),
+            what=url,
+            attempts=self.attempts,
         )
         if response.status_code >= 400:
             raise api_error(response)
@@ -115,6 +145,10 @@ class ServiceClient:
     def job(self, job_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/warmups/{job_id}")
 
+    def jobs(self, *, spec_key: str | None = None, toolchain_key: str | None = None) -> list[dict[str, Any]]:
+        params = {k: v for k, v in (("spec_key", spec_key), ("toolchain_key", toolchain_key)) if v}
+        return self.request("GET", "/v1/warmups", params=params)
+
     def manifest(
         self, spec: dict[str, Any], toolchain: dict[str, Any], *, allow_partial: bool = False
     ) -> Manifest:
@@ -123,6 +157,9 @@ class ServiceClient:
 
     def post_coverage(self, report: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/coverage", json=report)
+
+    def coverage(self, job_id: str) -> list[dict[str, Any]]:
+        return self.request("GET", f"/v1/warmups/{job_id}/coverage")
 
 
 def api_error(response: httpx.Response) -> WarmupError:
@@ -162,7 +199,8 @@ def _with_retries(
         except httpx.TransportError as error:
             if attempt == attempts:
                 raise ServerUnreachableError(
-                    f"cannot reach {what} ({type(error).__name__}: {error}); is the server running and the URL right?"
+                    f"cannot reach {what} ({type(error).__name__}: {error}); is the server running and "
+                    "the URL right? (--server / WARMUP_SERVER)"
                 ) from None
         else:
             if response.status_code not in RETRYABLE_STATUS or attempt == attempts:
@@ -172,42 +210,183 @@ def _with_retries(
     raise AssertionError("unreachable")
 
 
-# --- pull ---------------------------------------------------------------------------------------
+# --- where blob bytes come from -----------------------------------------------------------------
+
+
+class TransientDownloadError(StoreError):
+    """A download failed in a way that may pass (connection dropped, 429, 5xx): it is retried."""
 
 
 class BlobSource(Protocol):
-    """Where blob bytes come from: presigned/API URLs, or the bucket itself."""
+    """Where blob bytes come from: presigned URLs or the API's blob route, or the bucket itself."""
 
     def open(self, file: ManifestFile) -> contextlib.AbstractContextManager[Iterator[bytes]]: ...
 
 
 @dataclass
 class HttpBlobSource:
-    """Presigned URLs from the manifest, else the API's own blob route."""
+    """Presigned URLs from the manifest, else the API's own blob route (with the API's token).
+
+    Each download thread keeps one connection per host open, with the standard library's http.client:
+    a small blob costs about a third of what it costs through httpx, and warmed caches are hundreds to
+    thousands of small files. Requests that go through a proxy (HTTP(S)_PROXY) use the httpx client,
+    which knows proxies.
+    """
 
     http: httpx.Client
     server: str | None
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout: float = 30.0
+    _local: threading.local = field(default_factory=threading.local, repr=False)
 
     @contextlib.contextmanager
     def open(self, file: ManifestFile) -> Iterator[Iterator[bytes]]:
         url = file.url or f"{self.server}/v1/blobs/{file.sha256}"
-        with self.http.stream("GET", url) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise (
-                    api_error(response)
-                    if file.url is None
-                    else StoreError(
-                        f"download of blob {file.sha256[:12]} failed: HTTP {response.status_code}"
-                    )
+        headers = {} if file.url else self.headers
+        what = f"download of blob {file.sha256[:12]} failed"
+        if _proxied(url):
+            with self.http.stream("GET", url, headers=headers) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise _http_error(response, what, api=file.url is None)
+                yield response.iter_bytes(CHUNK)
+            return
+        key, response = self._get(url, headers, what)
+        try:
+            if response.status >= 400:
+                answer = httpx.Response(
+                    response.status, headers=response.getheaders(), content=response.read()
                 )
-            yield response.iter_bytes(CHUNK)
+                raise _http_error(answer, what, api=file.url is None)
+            yield _http_chunks(response, what)
+        finally:
+            if not response.isclosed():  # not read to the end: the connection cannot serve another request
+                self._drop(key)
+
+    def _get(self, url: str, headers: dict[str, str], what: str) -> tuple[Any, http.client.HTTPResponse]:
+        parts = urllib.parse.urlsplit(url)
+        key = (parts.scheme, parts.hostname, parts.port)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        connections = self._local.__dict__.setdefault("connections", {})
+        for attempt in (1, 2):
+            connection = connections.get(key)
+            reused = connection is not None
+            if connection is None:
+                connection = connections[key] = self._connect(parts)
+            try:
+                connection.request("GET", target, headers=headers)
+                return key, connection.getresponse()
+            except ssl.SSLCertVerificationError as error:  # waiting will not fix a certificate
+                self._drop(key)
+                raise StoreError(
+                    f"{what}: the TLS certificate of {parts.hostname} is not trusted ({error.verify_message}); "
+                    "point SSL_CERT_FILE at the CA bundle that signed it"
+                ) from error
+            except (OSError, http.client.HTTPException) as error:
+                self._drop(key)
+                if reused and attempt == 1:  # the server closed a kept-alive connection: reconnect now
+                    continue
+                raise TransientDownloadError(f"{what}: {type(error).__name__}: {error}") from error
+        raise AssertionError("unreachable")
+
+    def _connect(self, parts: urllib.parse.SplitResult) -> http.client.HTTPConnection:
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(
+                parts.hostname or "", parts.port, timeout=self.timeout, context=_tls_context()
+            )
+        if parts.scheme != "http":
+            raise StoreError(f"cannot download from {parts.scheme!r} URLs: http or https only")
+        return http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self.timeout)
+
+    def _drop(self, key: Any) -> None:
+        connection = self._local.__dict__.get("connections", {}).pop(key, None)
+        if connection is not None:
+            connection.close()
+
+
+def _http_chunks(response: http.client.HTTPResponse, what: str) -> Iterator[bytes]:
+    yield from _read_chunks(response)
+    if response.length:  # http.client ends a body cut short quietly (Content-Length not reached)
+        raise TransientDownloadError(f"{what}: the connection closed {response.length} bytes before the end")
+
+
+def _http_error(response: httpx.Response, what: str, *, api: bool) -> WarmupError:
+    if response.status_code in RETRYABLE_STATUS:
+        return TransientDownloadError(f"{what}: HTTP {response.status_code}")
+    return api_error(response) if api else StoreError(f"{what}: HTTP {response.status_code}")
+
+
+def _proxied(url: str) -> bool:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme in _proxies() and not urllib.request.proxy_bypass(parts.hostname or "")
+
+
+@functools.cache
+def _proxies() -> dict[str, str]:
+    return urllib.request.getproxies()
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """Verified TLS with the CA bundle httpx uses (certifi; SSL_CERT_FILE overrides): slim training
+    images often have no system CA bundle."""
+    import certifi
+
+    return ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or certifi.where())
+
+
+@dataclass
+class StoreBlobSource:
+    """Blobs read straight from the blob store (S3 or a directory), streamed."""
+
+    store: BlobStore
+
+    @contextlib.contextmanager
+    def open(self, file: ManifestFile) -> Iterator[Iterator[bytes]]:
+        with contextlib.closing(self.store.open(file.sha256)) as handle:
+            yield _read_chunks(handle)
+
+
+def _read_chunks(handle: IO[bytes]) -> Iterator[bytes]:
+    try:
+        while chunk := handle.read(CHUNK):
+            yield chunk
+    except (OSError, http.client.HTTPException) as error:  # a dropped connection, a short body
+        raise TransientDownloadError(f"reading the blob failed: {type(error).__name__}: {error}") from error
+    except Exception as error:
+        if type(error).__module__.split(".")[0] in ("botocore", "urllib3"):
+            raise TransientDownloadError(
+                f"reading the blob failed: {type(error).__name__}: {error}"
+            ) from error
+        raise
+
+
+def _retryable(error: BaseException) -> bool:
+    return isinstance(error, TransientDownloadError | httpx.TransportError)
+
+
+# --- pull ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """Where an install stands: files done (skipped ones count as done) and bytes downloaded so far."""
+
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int  # of the files that need downloading
+    elapsed_s: float
+
+
+ProgressCallback = Callable[[PullProgress], None]
 
 
 @dataclass
 class PullResult:
     manifest: Manifest
     dest: Path
+    source: str = ""
     downloaded: int = 0
     skipped: int = 0
     bytes_downloaded: int = 0
@@ -219,14 +398,12 @@ class PullResult:
         return self.manifest.environment(str(self.dest))
 
 
-ProgressCallback = Callable[[int, int, int], None]  # files done, files total, bytes done
-
-
 def pull(
     spec: Any,
     dest: str | Path,
     *,
     server: str | None = None,
+    source: str | None = None,
     toolchain: Any = None,
     allow_partial: bool = False,
     wait: bool = False,
@@ -235,49 +412,201 @@ def pull(
     parallel: int = 16,
     token: str | None = None,
     on_progress: ProgressCallback | None = None,
+    on_waiting: Callable[[WarmupError], None] | None = None,
     client: ServiceClient | None = None,
 ) -> PullResult:
     """Install the prewarmed cache of `spec` for this pod's toolchain into `dest`.
 
-    `spec` is a Spec, a mapping or a spec file path; `toolchain` defaults to this process's own
-    (computed as a worker computes it). With `wait`, waits (up to `timeout` s) for a warm-up that
-    is not finished. Raises NotWarmedError / PartlyWarmedError / ToolchainMismatchError /
-    ServerUnreachableError with what to do.
+    From the service (`server`, or `client`), or without it from the bucket workers publish complete
+    manifests into (`source="s3://bucket/prefix"`, or a local store directory). `spec` is a Spec, a
+    mapping or a spec file path; `toolchain` defaults to this process's own (computed as a worker
+    computes it). With `wait`, waits (up to `timeout` s) for a warm-up that is not finished, calling
+    `on_waiting` with the reason each time. Raises NotWarmedError / PartlyWarmedError /
+    WarmupFailedError / ToolchainMismatchError / ServerUnreachableError with what to do.
     """
     from warmup.spec import Spec, load_spec
+    from warmup.toolchain import Toolchain
 
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
     if toolchain is None:
         from warmup.toolchain import current_toolchain
 
         toolchain = current_toolchain(spec.target.backend, spec.target.device)
-    toolchain_json = toolchain if isinstance(toolchain, dict) else toolchain.model_dump(mode="json")
+    toolchain = toolchain if isinstance(toolchain, Toolchain) else Toolchain.model_validate(toolchain)
+    if source is not None:
+        return _pull_from_store(
+            spec,
+            dest,
+            toolchain,
+            source,
+            wait=wait,
+            timeout=timeout,
+            poll_interval=poll_interval,
+            parallel=parallel,
+            on_progress=on_progress,
+            on_waiting=on_waiting,
+        )
     if client is None and server is None:
-        raise WarmupError("pull needs a server URL (--server) or a bucket (--from s3://...)")
+        raise WarmupError(
+            "pull needs the service URL (--server / WARMUP_SERVER) or a bucket (--from s3://...)"
+        )
     own_client = client is None
     client = client or ServiceClient(server or "", token=token, max_connections=parallel)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
+        spec_json, toolchain_json = spec.model_dump(mode="json"), toolchain.model_dump(mode="json")
+
+        def fetch() -> Manifest:
             try:
-                manifest = client.manifest(
-                    spec.model_dump(mode="json"), toolchain_json, allow_partial=allow_partial
-                )
-                break
+                return client.manifest(spec_json, toolchain_json, allow_partial=allow_partial)
             except (NotWarmedError, PartlyWarmedError):
-                if not wait or time.monotonic() + poll_interval > deadline:
-                    raise
-                time.sleep(poll_interval)
-        return install(
+                _raise_if_failed(client, spec.key(), toolchain.key())
+                raise
+
+        manifest = _wait_for(fetch, wait, timeout, poll_interval, on_waiting)
+        result = install(
             manifest,
             dest,
-            HttpBlobSource(client.http, client.server),
+            HttpBlobSource(client.http, client.server, client.auth_headers),
             parallel=parallel,
             on_progress=on_progress,
         )
+        result.source = client.server
+        return result
     finally:
         if own_client:
             client.close()
+
+
+def _pull_from_store(
+    spec: Spec,
+    dest: str | Path,
+    toolchain: Toolchain,
+    source: str,
+    *,
+    wait: bool,
+    timeout: float,
+    poll_interval: float,
+    parallel: int,
+    on_progress: ProgressCallback | None,
+    on_waiting: Callable[[WarmupError], None] | None,
+) -> PullResult:
+    from warmup.store import open_store
+
+    store = open_store(source)
+    manifest = _wait_for(
+        lambda: bucket_manifest(store, spec.key(), toolchain), wait, timeout, poll_interval, on_waiting
+    )
+    if manifest.files and store.presigned_url(manifest.files[0].sha256, 60) is not None:
+        # S3: sign each GET here (no request) and download as through the API, over kept-alive HTTP
+        files = [
+            f.model_copy(update={"url": store.presigned_url(f.sha256, PRESIGN_S)}) for f in manifest.files
+        ]
+        with httpx.Client(timeout=DEFAULT_TIMEOUT) as http:
+            result = install(
+                manifest.model_copy(update={"files": files}),
+                dest,
+                HttpBlobSource(http, None),
+                parallel=parallel,
+                on_progress=on_progress,
+            )
+    else:
+        result = install(manifest, dest, StoreBlobSource(store), parallel=parallel, on_progress=on_progress)
+    result.source = str(source)
+    return result
+
+
+def _wait_for(
+    fetch: Callable[[], Manifest],
+    wait: bool,
+    timeout: float,
+    poll_interval: float,
+    on_waiting: Callable[[WarmupError], None] | None,
+) -> Manifest:
+    started = time.monotonic()
+    while True:
+        try:
+            return fetch()
+        except (NotWarmedError, PartlyWarmedError) as error:
+            waited = time.monotonic() - started
+            if not wait:
+                raise
+            if waited + poll_interval > timeout:
+                error.args = (f"{error} (waited {waited:.0f}s; a longer --timeout waits longer)",)
+                raise
+            if on_waiting is not None:
+                on_waiting(error)
+            time.sleep(poll_interval)
+
+
+def _raise_if_failed(client: ServiceClient, spec_key: str, toolchain_key: str) -> None:
+    """A job that gave up on signatures will not become warm by waiting: say which, and what to do."""
+    for summary in client.jobs(spec_key=spec_key, toolchain_key=toolchain_key):
+        if summary.get("state") != "failed":
+            continue
+        job = client.job(summary["id"])
+        failed = [s for s in job.get("signatures", []) if s.get("state") == "failed"]
+        lines = "; ".join(
+            f"{signature_label(s.get('signature') or {})}: {s.get('error') or 'failed'} "
+            f"(log: GET /v1/tasks/{s.get('task_id')}/log)"
+            for s in failed[:5]
+        )
+        raise WarmupFailedError(
+            f"the warm-up of {len(failed)} signature(s) of this spec failed (job {summary['id']}): {lines}; "
+            "fix the cause and resubmit with `warmup submit SPEC --retry-failed`, or install what is "
+            "warm with --allow-partial"
+        )
+
+
+def signature_label(doc: dict[str, Any]) -> str:
+    """`train 4x256`, from a signature's document as the API returns it."""
+    label = f"{doc.get('phase')} {doc.get('batch')}x{doc.get('seq_len')}"
+    return f"{label} cache {doc['cache_len']}" if doc.get("cache_len") else label
+
+
+def bucket_manifest(store: BlobStore, spec_key: str, toolchain: Toolchain) -> Manifest:
+    """The complete manifest a worker published for (spec, toolchain), read from the store.
+
+    None for this toolchain but some for others: ToolchainMismatchError naming the fields that differ
+    from the closest one. None at all: NotWarmedError (workers publish a manifest once every
+    signature of the job is warm).
+    """
+    from warmup.toolchain import Toolchain
+
+    key = manifest_object_key(spec_key, toolchain.key())
+    try:
+        raw = store.get_object(key)
+    except BlobNotFoundError:
+        differences: list[dict[str, tuple[Any, Any]]] = []
+        for other in store.list_documents(f"{MANIFESTS_PREFIX}/{spec_key}/")[:20]:
+            with contextlib.suppress(WarmupError, ValueError, KeyError):
+                theirs = Toolchain.model_validate(json.loads(store.get_object(other))["toolchain"])
+                differences.append(toolchain.diff(theirs))
+        if differences:
+            raise ToolchainMismatchError(min(differences, key=len)) from None
+        raise NotWarmedError(
+            f"no complete cache of this spec in {store.location} yet (workers publish it there once every "
+            "signature is warm): submit the spec (`warmup submit SPEC`), wait for it (--wait), or pull "
+            "through the service (--server) to see its progress or install part of it (--allow-partial)"
+        ) from None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise UnsafeArtifactError(f"refusing manifest {key} in {store.location}: not JSON") from None
+    manifest = parse_manifest(data)
+    if (manifest.spec_key, manifest.toolchain_key) != (spec_key, toolchain.key()):
+        raise UnsafeArtifactError(
+            f"refusing manifest {key} in {store.location}: it names another spec or toolchain"
+        )
+    return manifest
+
+
+def read_local_manifest(cache_dir: str | Path, spec_key: str) -> Manifest | None:
+    """The manifest the last pull of `spec_key` installed into `cache_dir`, or None."""
+    path = Path(cache_dir) / LOCAL_MANIFESTS_DIR / f"{spec_key}.json"
+    try:
+        return parse_manifest(json.loads(path.read_text()))
+    except (OSError, ValueError, WarmupError):
+        return None
 
 
 def install(
@@ -287,57 +616,90 @@ def install(
     *,
     parallel: int = 16,
     on_progress: ProgressCallback | None = None,
+    attempts: int = DOWNLOAD_ATTEMPTS,
 ) -> PullResult:
     """Download and verify every file of `manifest` into `dest`; skip files already there and verified.
 
-    All paths are checked before anything is written; a failed file leaves no partial file behind.
+    All paths are checked before anything is written. Files are downloaded to temp files and renamed
+    into place only once every one of them is verified: a failed install leaves `dest` as it was.
     """
     started = time.monotonic()
     dest = Path(dest).resolve()
     for file in manifest.files:  # refuse a hostile manifest before writing anything
         check_relative_path(file.path)
         _refuse_symlinks(dest, file.path)
+    files = _unique_paths(manifest.files)
     dest.mkdir(parents=True, exist_ok=True)
     index = _Index.load(dest)
     result = PullResult(manifest=manifest, dest=dest)
-    todo = [file for file in _unique_paths(manifest.files) if not index.verified(dest, file)]
-    result.skipped = len(manifest.files) - len(todo)
+    todo = [file for file in files if not index.verified(dest, file)]
+    result.skipped = len(files) - len(todo)
     lock = threading.Lock()
+    streamed = 0
     done = result.skipped
+    bytes_total = sum(f.size for f in todo)
+    staged: dict[str, Path] = {}
+    temp_dir = dest / TEMP_DIR_NAME
+
+    def report() -> None:
+        if on_progress:
+            on_progress(PullProgress(done, len(files), streamed, bytes_total, time.monotonic() - started))
+
+    def count(size: int) -> None:
+        nonlocal streamed
+        with lock:
+            streamed += size
 
     def fetch(file: ManifestFile) -> None:
         nonlocal done
-        written = _download_one(dest, file, source)
+        staged_path = _download_one(temp_dir, file, source, count, attempts)
         with lock:
-            index.record(dest, file)
+            staged[file.path] = staged_path
             result.downloaded += 1
-            result.bytes_downloaded += written
+            result.bytes_downloaded += file.size
             done += 1
-            if on_progress:
-                on_progress(done, len(manifest.files), result.bytes_downloaded)
+            report()
 
-    temp_dir = dest / TEMP_DIR_NAME
     try:
+        if todo:
+            temp_dir.mkdir(exist_ok=True)
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             futures = {pool.submit(fetch, file): file for file in todo}
             for future in concurrent.futures.as_completed(futures):
+                if future.cancelled():
+                    continue
                 error = future.exception()
                 if error is not None:
                     result.failures.append((futures[future].path, error))
+                    for other in futures:  # one failure fails the install: stop downloading
+                        other.cancel()
+        if not result.failures:
+            made: set[Path] = set()
+            for file in todo:  # every file verified: now, and only now, install them
+                target = dest / file.path
+                if target.parent not in made:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    made.add(target.parent)
+                os.replace(staged.pop(file.path), target)
+                index.record(dest, file)
+            _save_local_manifest(dest, manifest)
     finally:
-        index.save(dest)
+        for leftover in staged.values():
+            leftover.unlink(missing_ok=True)
+        if index.changed:
+            index.save(dest)
         with contextlib.suppress(OSError):
             temp_dir.rmdir()
     result.seconds = time.monotonic() - started
     if result.failures:
         path, error = result.failures[0]
-        kind = (
-            type(error) if isinstance(error, StoreError | ServerError | UnsafeArtifactError) else StoreError
-        )
+        kind = type(error) if isinstance(error, WarmupError) else StoreError
+        if kind is TransientDownloadError:
+            kind = StoreError
         raise kind(
-            f"{len(result.failures)} of {len(todo)} file(s) failed, nothing partial was installed; "
-            f"first: {path}: {error}"
+            f"{len(result.failures)} of {len(todo)} file(s) failed, nothing was installed; first: {path}: {error}"
         )
+    report()
     return result
 
 
@@ -363,30 +725,38 @@ def _refuse_symlinks(dest: Path, relative: str) -> None:
             return
 
 
-def _download_one(dest: Path, file: ManifestFile, source: BlobSource) -> int:
-    target = dest / file.path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp_dir = dest / TEMP_DIR_NAME
-    temp_dir.mkdir(exist_ok=True)
-    digest = hashlib.sha256()
-    size = 0
-    handle, temp_name = tempfile.mkstemp(dir=temp_dir, prefix=file.sha256[:12])
-    try:
-        with os.fdopen(handle, "wb") as out:
-            size = _copy_stream(file, source, out, digest)
-        if size != file.size:
-            raise BlobIntegrityError(f"size {size} != expected {file.size} for blob {file.sha256[:12]}")
-        if digest.hexdigest() != file.sha256:
-            raise BlobIntegrityError(f"sha256 mismatch for {file.path} (blob {file.sha256[:12]} is corrupt)")
-        os.replace(temp_name, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
-        raise
-    return size
+def _download_one(
+    temp_dir: Path, file: ManifestFile, source: BlobSource, count: Callable[[int], None], attempts: int
+) -> Path:
+    """Download one blob into a verified temp file in `temp_dir`; transient failures are retried."""
+    delay = 0.5
+    for attempt in range(1, attempts + 1):
+        handle, name = tempfile.mkstemp(dir=temp_dir, prefix=file.sha256[:12])
+        try:
+            with os.fdopen(handle, "wb") as out:
+                os.fchmod(out.fileno(), 0o644)  # the training container may run as another user
+                digest = hashlib.sha256()
+                size = _copy_stream(file, source, out, digest, count)
+            if size != file.size:
+                raise BlobIntegrityError(f"size {size} != expected {file.size} for blob {file.sha256[:12]}")
+            if digest.hexdigest() != file.sha256:
+                raise BlobIntegrityError(
+                    f"sha256 mismatch for {file.path} (blob {file.sha256[:12]} is corrupt in the store)"
+                )
+            return Path(name)
+        except BaseException as error:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+            if attempt == attempts or not _retryable(error):
+                raise
+        time.sleep(delay)
+        delay *= 2
+    raise AssertionError("unreachable")
 
 
-def _copy_stream(file: ManifestFile, source: BlobSource, out: IO[bytes], digest: Any) -> int:
+def _copy_stream(
+    file: ManifestFile, source: BlobSource, out: IO[bytes], digest: Any, count: Callable[[int], None]
+) -> int:
     size = 0
     with source.open(file) as chunks:
         for chunk in chunks:
@@ -397,7 +767,16 @@ def _copy_stream(file: ManifestFile, source: BlobSource, out: IO[bytes], digest:
                 )
             digest.update(chunk)
             out.write(chunk)
+            count(len(chunk))
     return size
+
+
+def _save_local_manifest(dest: Path, manifest: Manifest) -> None:
+    folder = dest / LOCAL_MANIFESTS_DIR
+    folder.mkdir(exist_ok=True)
+    temp = folder / f".{manifest.spec_key}.json.tmp"
+    temp.write_text(json.dumps(manifest.without_urls().model_dump(mode="json")))
+    os.replace(temp, folder / f"{manifest.spec_key}.json")
 
 
 @dataclass
@@ -405,6 +784,7 @@ class _Index:
     """What this directory already holds, verified: path -> (sha256, size, mtime_ns)."""
 
     files: dict[str, list[Any]]
+    changed: bool = False
 
     @classmethod
     def load(cls, dest: Path) -> _Index:
@@ -427,12 +807,14 @@ class _Index:
             return True
         if _sha256_of(target) == file.sha256:  # present but unknown to the index: verify once
             self.files[file.path] = [file.sha256, stat.st_size, stat.st_mtime_ns]
+            self.changed = True
             return True
         return False
 
     def record(self, dest: Path, file: ManifestFile) -> None:
         stat = (dest / file.path).lstat()
         self.files[file.path] = [file.sha256, stat.st_size, stat.st_mtime_ns]
+        self.changed = True
 
     def save(self, dest: Path) -> None:
         temp = dest / f"{INDEX_NAME}.tmp"

@@ -183,5 +183,11 @@ class PartlyWarmedError(WarmupError):
         )
 
 
+class WarmupFailedError(WarmupError):
+    """The warm-up job of this spec gave up on some signatures: waiting longer will not make them warm."""
+
+    exit_code = 3
+
+
 class AuthError(ServerError):
     """Missing, unknown or insufficient bearer token."""

@@ -20,6 +20,12 @@ from warmup.errors import UnsafeArtifactError
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _SHA256 = re.compile(SHA256_PATTERN)
 MAX_PATH_LENGTH = 1024
+MANIFESTS_PREFIX = "manifests"
+
+
+def manifest_object_key(spec_key: str, toolchain_key: str) -> str:
+    """Where a complete manifest lives in the bucket (relative to the store's prefix)."""
+    return f"{MANIFESTS_PREFIX}/{spec_key}/{toolchain_key}.json"
 
 
 def check_relative_path(path: str) -> str:
@@ -81,6 +87,10 @@ class Manifest(BaseModel):
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    def without_urls(self) -> Manifest:
+        """The manifest as stored in the bucket and on the pod: presigned URLs expire, so drop them."""
+        return self.model_copy(update={"files": [f.model_copy(update={"url": None}) for f in self.files]})
 
     def environment(self, cache_dir: str) -> dict[str, str]:
         """The environment a training process needs to hit this cache in `cache_dir`.

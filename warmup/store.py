@@ -105,6 +105,10 @@ class BlobStore(ABC):
     def get_object(self, key: str) -> bytes:
         """Read a small document (BlobNotFoundError if absent)."""
 
+    @abstractmethod
+    def list_documents(self, prefix: str) -> list[str]:
+        """Keys of the documents under `prefix` (a folder such as 'manifests/<spec key>/'), sorted."""
+
     def presigned_url(self, sha256: str, expires_s: int = 3600) -> str | None:
         """A URL that fetches the blob without credentials until it expires; None if the store has
         no such URLs (a local directory: the API serves those blobs itself)."""
@@ -230,6 +234,12 @@ class LocalBlobStore(BlobStore):
         except FileNotFoundError:
             raise BlobNotFoundError(f"no document {key!r} in {self.location}") from None
 
+    def list_documents(self, prefix: str) -> list[str]:
+        folder = self.root / _document_key(prefix.rstrip("/"))
+        if not folder.is_dir():
+            return []
+        return sorted(path.relative_to(self.root).as_posix() for path in folder.rglob("*") if path.is_file())
+
 
 class S3BlobStore(BlobStore):
     """Blobs in an S3 bucket (AWS or any S3-compatible service).
@@ -249,6 +259,7 @@ class S3BlobStore(BlobStore):
         multipart_threshold: int = 64 * MiB,
         multipart_chunksize: int = 16 * MiB,
         max_concurrency: int = 8,
+        max_pool_connections: int = 10,
     ) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
@@ -264,6 +275,8 @@ class S3BlobStore(BlobStore):
                 retries={"mode": "standard", "max_attempts": 3},
                 connect_timeout=10,
                 read_timeout=120,
+                # one kept-alive connection per parallel download (botocore's default pool is 10)
+                max_pool_connections=max_pool_connections,
             ),
         )
         self.transfer = TransferConfig(
@@ -392,6 +405,15 @@ class S3BlobStore(BlobStore):
             return self.client.get_object(Bucket=self.bucket, Key=self._key(_document_key(key)))[
                 "Body"
             ].read()
+
+    def list_documents(self, prefix: str) -> list[str]:
+        folder = _document_key(prefix.rstrip("/")) + "/"
+        keys: list[str] = []
+        with self._errors(f"listing of {folder}"):
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(folder)):
+                keys += [item["Key"][len(self.prefix) :] for item in page.get("Contents", [])]
+        return sorted(keys)
 
 
 def open_store(url: str | os.PathLike[str], **s3_options: Any) -> BlobStore:

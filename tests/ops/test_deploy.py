@@ -273,10 +273,11 @@ def test_pod_commands_parse_with_the_real_parser() -> None:
         assert argv[2] == "/etc/warmup/spec.yaml"
         assert argv[argv.index("--dest") + 1] == "/var/cache/warmup"
     assert exec_[exec_.index("--") + 1] == "torchrun"
-    if not {"pull", "exec"} <= set(subcommands):
-        pytest.skip("`warmup pull` / `warmup exec` are not in this checkout's parser yet (the pull issue)")
-    for _, argv in pod:
-        parser.parse_args(argv[1:])
+    assert {"pull", "exec"} <= set(subcommands)
+    pulled, execed = (parser.parse_args(argv[1:]) for argv in (pull, exec_))
+    assert (pulled.func.__name__, pulled.wait, pulled.timeout) == ("cmd_pull", True, 3600.0)
+    assert execed.func.__name__ == "cmd_exec" and execed.argv == exec_[exec_.index("--") + 1 :]
+    assert pulled.server == execed.server == "http://warmup.example:8000"  # $(WARMUP_SERVER), expanded
 
 
 # --- Dockerfiles ------------------------------------------------------------------------------------

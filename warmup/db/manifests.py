@@ -11,12 +11,15 @@ from collections.abc import Sequence
 
 from warmup.db.records import Keyed
 from warmup.db.repository import Repository
-from warmup.manifest import Manifest, ManifestFile
+from warmup.errors import UnsafeArtifactError
+from warmup.manifest import Manifest, ManifestFile, manifest_object_key
 from warmup.store import BlobStore
 
+__all__ = ["build_manifest", "manifest_object_key", "publish_manifest"]
 
-def manifest_object_key(spec_key: str, toolchain_key: str) -> str:
-    return f"manifests/{spec_key}/{toolchain_key}.json"
+# Named by the hash of their C++ source, but g++ embeds the build directory in them: the same kernel
+# built by two rehearsals (a kernel shared by two shapes) has one path and two valid contents.
+BUILD_DIR_DEPENDENT = (".so",)
 
 
 def build_manifest(
@@ -41,10 +44,15 @@ def build_manifest(
         if entry is None:
             continue
         for ref in entry.files:
-            if ref.path in files:
-                # Inductor names a kernel by its source's hash, but the compiled .so embeds the directory
-                # it was built in, so entries warmed apart hold different bytes for one path: any works.
-                continue
+            known = files.get(ref.path)
+            if known is not None:
+                if known.sha256 != ref.sha256 and not ref.path.endswith(BUILD_DIR_DEPENDENT):
+                    # Inductor and TorchNeuron name their files by content hash: this cannot happen
+                    # unless a cache was tampered with. Refuse rather than install either.
+                    raise UnsafeArtifactError(
+                        f"two entries disagree on the content of {ref.path!r}; re-warm the spec"
+                    )
+                continue  # a kernel two runs built: either build serves (the first entry's is kept)
             url = store.presigned_url(ref.sha256, presign_expiry_s) if store and presign_expiry_s else None
             files[ref.path] = ManifestFile(path=ref.path, sha256=ref.sha256, size=ref.size, url=url)
     return Manifest(
@@ -63,7 +71,7 @@ def build_manifest(
 def publish_manifest(store: BlobStore, manifest: Manifest) -> None:
     """Write a complete manifest into the bucket, without URLs (pods pulling from the bucket read blobs
     directly). Call only after every blob it names is in the store."""
-    body = manifest.model_copy(update={"files": [f.model_copy(update={"url": None}) for f in manifest.files]})
+    body = manifest.without_urls()
     store.put_object(
         manifest_object_key(manifest.spec_key, manifest.toolchain_key),
         json.dumps(body.model_dump(mode="json"), sort_keys=True).encode(),

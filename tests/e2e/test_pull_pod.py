@@ -1,0 +1,166 @@
+"""The proof of the pod side: submit -> a real worker -> `warmup pull` -> a real TRL run under `warmup exec`.
+
+One service (SQLite and a local blob directory, served by uvicorn in a thread) and the real worker
+loop. The training run is a fresh process that knows nothing of trl-warmup but `WarmupCallback()`:
+`warmup exec` sets the cache environment and the compile policy. It must compile nothing, and its
+coverage report, read back from the API, must say so. Then the same spec trains on longer data than
+its facts promise: the callback reports the shape it compiled, the service schedules it, a worker warms
+it, and the next pull has it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from api.services import Services
+from api.settings import Settings
+from tests.e2e.helpers import run, write_spec
+from tests.support.live_server import serve
+from warmup.backends import recompile_limits
+from warmup.client import ServiceClient, read_local_manifest
+from warmup.planner import plan_spec
+from warmup.spec import load_spec
+from worker.loop import Worker, WorkerOptions
+
+pytestmark = pytest.mark.slow
+
+POD_TRAIN = Path(__file__).resolve().parents[1] / "support" / "pod_train.py"
+
+
+@pytest.fixture
+def services(sqlite_url: str, tmp_path: Path):
+    settings = Settings(
+        data_dir=tmp_path / "service", database_url=sqlite_url, store_url=str(tmp_path / "blobs"), auth="off"
+    )
+    started = Services.start(settings)
+    yield started
+    started.close()
+
+
+def work_until_idle(services: Services, tmp_path: Path) -> list:
+    """The real worker loop against the service's database and store: claim, rehearse, upload, publish."""
+    (tmp_path / "work").mkdir(exist_ok=True)
+    options = WorkerOptions(
+        database_url=services.settings.resolved_database_url,
+        store_url=services.settings.resolved_store_url,
+        work_dir=tmp_path / "work",
+        exit_when_idle=True,
+        task_timeout_s=600,
+    )
+    return Worker(options, engine=services.engine, store=services.store).run()
+
+
+def exec_training(spec: Path, url: str, cache: Path, weights: Path, out: Path, **data: int) -> dict:
+    command = [sys.executable, "-m", "warmup", "exec", spec, "--server", url, "--dest", cache, "--"]
+    command += [sys.executable, POD_TRAIN, "--weights", weights, "--out", out]
+    for name, value in data.items():
+        command += [f"--{name.replace('_', '-')}", value]
+    done = run(command)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    result = json.loads(out.read_text())
+    result["stderr"] = done.stderr
+    return result
+
+
+def test_submit_worker_pull_exec_train_then_a_reported_miss_is_warmed(
+    services, tiny_model_dir, user_weights_dir, tmp_path
+):
+    # The data facts promise rows of at most 30 tokens: one bucket, train 2x32.
+    spec_path = write_spec(
+        tmp_path / "sft.yaml",
+        "sft",
+        tiny_model_dir,
+        {"per_device_train_batch_size": 2, "max_length": 64, "pad_to_multiple_of": 32},
+        {"num_train_examples": 8, "min_tokens": 10, "max_tokens": 30},
+    )
+    spec = load_spec(spec_path)
+    (planned,) = plan_spec(spec).signatures
+    cache = tmp_path / "pod-cache"
+
+    with serve(services) as url, ServiceClient(url) as client:
+        submitted = run([sys.executable, "-m", "warmup", "submit", spec_path, "--server", url])
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip()
+        assert [o.status for o in work_until_idle(services, tmp_path)] == ["done"]
+        assert client.job(job_id)["state"] == "ready"
+
+        # (a) pull into an empty directory, then a real SFT run in a fresh process under `warmup exec`
+        pulled = run([sys.executable, "-m", "warmup", "pull", spec_path, "--server", url, "--dest", cache])
+        assert pulled.returncode == 0, pulled.stderr
+        assert "installed" in pulled.stderr and "sha256 verified" in pulled.stderr
+        installed = read_local_manifest(cache, spec.key())
+        assert installed is not None and installed.signatures == [planned.key()]
+        assert all((cache / f.path).is_file() for f in installed.files)
+        assert any(f.path.endswith(".so") for f in installed.files)  # the compiled kernels travel too
+
+        warm = exec_training(
+            spec_path, url, cache, user_weights_dir, tmp_path / "warm.json",
+            min_tokens=10, split=20, max_tokens=30, steps=3, data_seed=7,
+        )  # fmt: skip
+        assert {tuple(s) for s in warm["shapes"]} == {(2, 32)}
+        assert warm["cache_dir"] == str(cache.resolve())
+        assert warm["recompile_limit"] == recompile_limits(1)[0]  # set by exec, not by the script
+        report = warm["report"]
+        assert report["fresh_compiles"] == 0, report["details"]
+        assert report["details"]["new_files"] == 0 and report["details"]["fresh"] == {}
+        assert (report["met"], report["missed"]) == ([planned.key()], [])
+        assert warm["counters"]["inductor"]["fxgraph_cache_hit"] > 0
+        assert warm["counters"]["aot_autograd"]["autograd_cache_hit"] > 0
+        assert warm["response"]["job_id"] == job_id and warm["response"]["enqueued"] == []
+        (stored,) = client.coverage(job_id)  # what the service keeps says so too
+        assert (stored["fresh_compiles"], stored["met"], stored["missed"]) == (0, [planned.key()], [])
+        assert stored["details"]["status"] == "completed"
+        shown = run([sys.executable, "-m", "warmup", "coverage", job_id, "--server", url])
+        assert shown.returncode == 0 and "completed" in shown.stdout and "1 report(s)" in shown.stdout
+
+        # (b) the same spec, but the data reaches 60 tokens: the 2x64 bucket the plan did not have
+        longer = exec_training(
+            spec_path, url, cache, user_weights_dir, tmp_path / "longer.json",
+            min_tokens=10, split=30, max_tokens=60, steps=2, data_seed=8,
+        )  # fmt: skip
+        assert {tuple(s) for s in longer["shapes"]} == {(2, 32), (2, 64)}
+        assert (
+            "train 2x64 compiled during training and the plan of this spec did not list it"
+            in longer["stderr"]
+        )
+        report = longer["report"]
+        assert report["fresh_compiles"] > 0
+        (missed,) = report["missed"]
+        assert (missed["phase"], missed["batch"], missed["seq_len"]) == ("train", 2, 64)
+        missed_key = planned.model_copy(update={"seq_len": 64}).key()
+        assert longer["response"]["enqueued"] == [missed_key]
+        job = client.job(job_id)
+        scheduled = {s["key"]: s for s in job["signatures"]}[missed_key]
+        assert (scheduled["state"], scheduled["source"]) == ("queued", "coverage")
+        assert client.coverage(job_id)[-1]["missed"] == [missed_key]
+
+        assert [o.status for o in work_until_idle(services, tmp_path)] == ["done"]
+        again = run([sys.executable, "-m", "warmup", "pull", spec_path, "--server", url, "--dest", cache])
+        assert again.returncode == 0, again.stderr
+        grown = read_local_manifest(cache, spec.key())
+        assert grown is not None and set(grown.signatures) == {planned.key(), missed_key}
+        assert all((cache / f.path).is_file() for f in grown.files)
+
+    # Without the API: the worker published the complete manifest into the store, after its blobs.
+    from_store = tmp_path / "from-store"
+    offline = run(
+        [
+            sys.executable,
+            "-m",
+            "warmup",
+            "pull",
+            spec_path,
+            "--from",
+            tmp_path / "blobs",
+            "--dest",
+            from_store,
+        ]
+    )
+    assert offline.returncode == 0, offline.stderr
+    assert {f.path for f in grown.files} <= {
+        p.relative_to(from_store).as_posix() for p in from_store.rglob("*")
+    }

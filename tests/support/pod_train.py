@@ -1,0 +1,101 @@
+"""A training pod's job: a real TRL SFT run with `WarmupCallback`, and nothing else of trl-warmup.
+
+    warmup exec SPEC --server URL --dest CACHE -- python tests/support/pod_train.py --weights DIR --out OUT ...
+
+It calls neither `warmup.activate` nor anything that sets the cache up: under `warmup exec` the
+environment and the recompile limits come from exec, and `WarmupCallback()` takes the spec and the
+server from the environment exec sets. It writes what happened to --out: the batch shapes, the
+callback's report and the service's answer, Dynamo's recompile limits as this process sees them, and
+Inductor's cache counters. With --fail-at-step, train() raises at that step (the report must still go).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.e2e.train_job import length_ranges, texts_for_sft
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--weights", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--data-seed", type=int, default=1)
+    parser.add_argument("--min-tokens", type=int, required=True)
+    parser.add_argument("--split", required=True, help="bucket bounds, a,b,...")
+    parser.add_argument("--max-tokens", type=int, required=True)
+    parser.add_argument("--fail-at-step", type=int)
+    ns = parser.parse_args(argv)
+
+    import trl
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from warmup.callback import WarmupCallback
+
+    callback = WarmupCallback()  # spec and server from the environment `warmup exec` sets
+    spec = callback.spec
+    out = Path(ns.out)
+    args = trl.SFTConfig(
+        **spec.args,
+        output_dir=str(out.parent / "trainer-out"),
+        max_steps=ns.steps,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        disable_tqdm=True,
+        train_sampling_strategy="sequential",  # short, long, short, ...: every bucket is met
+    )
+    batch = spec.args.get("per_device_train_batch_size", 8)
+    splits = [int(x) for x in ns.split.split(",")]
+    ranges = length_ranges(ns.min_tokens, splits, ns.max_tokens, ns.steps)
+    data = texts_for_sft(random.Random(ns.data_seed), ranges, batch)
+    shapes: list[list[int]] = []
+
+    class Failing(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if ns.fail_at_step is not None and state.global_step + 1 >= ns.fail_at_step:
+                raise RuntimeError(f"the user's training failed at step {state.global_step + 1}")
+
+    trainer = trl.SFTTrainer(
+        model=ns.weights, args=args, train_dataset=Dataset.from_list(data), callbacks=[callback, Failing()]
+    )
+    collator = trainer.data_collator
+
+    def recording_collator(examples: list[Any]) -> Any:
+        batch_out = collator(examples)
+        shapes.append(list(batch_out["input_ids"].shape))
+        return batch_out
+
+    trainer.data_collator = recording_collator
+    trainer.train()
+
+    import torch._dynamo.config
+    from torch._dynamo.utils import counters
+
+    result = {
+        "shapes": shapes,
+        "report": callback.last_report,
+        "response": callback.last_response,
+        "recompile_limit": torch._dynamo.config.recompile_limit,
+        "accumulated_recompile_limit": torch._dynamo.config.accumulated_recompile_limit,
+        "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+        "counters": {
+            group: dict(counters[group]) for group in ("inductor", "aot_autograd") if group in counters
+        },
+    }
+    out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The pod side's boundaries: what it imports, how `warmup exec` parses its command, and the
+sitecustomize that gives the command Dynamo's recompile limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from warmup._sitecustomize import DIRECTORY
+from warmup.cli import build_parser
+
+SERVER_PACKAGES = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg", "boto3", "botocore")
+
+
+def imported_after(code: str, *, absent: tuple[str, ...] = ()) -> list[str]:
+    """sys.modules after `code` in a fresh interpreter where the `absent` packages are not installed."""
+    hide = "".join(f"sys.modules[{name!r}] = None\n" for name in absent)  # find_spec: None; import: error
+    probe = f"import sys\n{hide}{code}\nprint(__import__('json').dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_pod_side_runs_without_any_server_package():
+    """A training image has the base install only: the client side imports and builds its CLI there."""
+    modules = imported_after(
+        "import warmup.spec, warmup.toolchain, warmup.client, warmup.callback, warmup.manifest\n"
+        "from warmup.cli import build_parser; build_parser().parse_args(['pull', 'x.yaml', '--dest', 'd'])",
+        absent=SERVER_PACKAGES,
+    )
+    assert "warmup.callback" in modules and "transformers" in modules  # the check did import them
+
+
+def test_the_client_side_imports_no_server_package_even_when_installed():
+    # warmup.callback is left out: transformers imports accelerate, which imports boto3 when it is
+    # installed (for SageMaker); that is theirs, and the test above shows the callback needs none.
+    modules = imported_after(
+        "import warmup.spec, warmup.toolchain, warmup.client, warmup.manifest, warmup.cli_pod"
+    )
+    assert sorted({m.split(".")[0] for m in modules} & set(SERVER_PACKAGES)) == []
+    assert "torch" not in modules and "transformers" not in modules  # `warmup pull` starts fast
+
+
+@pytest.mark.parametrize(
+    ("argv", "options", "command"),
+    [
+        (
+            [
+                "exec",
+                "s.yaml",
+                "--server",
+                "http://w",
+                "--dest",
+                "/c",
+                "--",
+                "torchrun",
+                "--nproc_per_node=4",
+                "t.py",
+            ],
+            {"server": "http://w", "dest": "/c"},
+            ["torchrun", "--nproc_per_node=4", "t.py"],
+        ),
+        (
+            ["exec", "--dest", "/c", "s.yaml", "--world-size", "2", "--wait", "--", "python", "-c", "x"],
+            {"dest": "/c", "world_size": 2, "wait": True},
+            ["python", "-c", "x"],
+        ),
+        (
+            ["exec", "s.yaml", "--from", "s3://b/p", "--dest", "/c", "--", "python", "--", "--dest", "y"],
+            {"source": "s3://b/p", "dest": "/c"},
+            ["python", "--", "--dest", "y"],
+        ),
+        (["exec", "--dest", "/c", "s.yaml", "train.sh", "-x"], {"dest": "/c"}, ["train.sh", "-x"]),
+    ],
+)
+def test_exec_splits_its_options_from_the_command(argv, options, command):
+    ns = build_parser().parse_args(argv)
+    assert ns.argv == command and ns.spec == "s.yaml"
+    assert {name: getattr(ns, name) for name in options} == options
+
+
+def test_exec_wants_the_command_after_a_double_dash(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["exec", "s.yaml", "--dest", "/c", "torchrun"])
+    assert "put the command after `--`" in capsys.readouterr().err
+
+
+def test_the_sitecustomize_raises_the_limits_and_runs_the_images_own(tmp_path):
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "sitecustomize.py").write_text("import os\nos.environ['IMAGE_SITE'] = 'ran'\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(DIRECTORY), str(image), os.environ.get("PYTHONPATH", "")]),
+        "WARMUP_RECOMPILE_LIMIT": "41",
+        "WARMUP_ACCUMULATED_RECOMPILE_LIMIT": "900",
+    }
+    code = (
+        "import os, torch\n"
+        "import torch._dynamo.config as c\n"
+        "print(c.recompile_limit, c.accumulated_recompile_limit, os.environ.get('IMAGE_SITE'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["41", "900", "ran"]
+    # Limits are only ever raised, and nothing happens without the variables.
+    env |= {"WARMUP_RECOMPILE_LIMIT": "3", "WARMUP_ACCUMULATED_RECOMPILE_LIMIT": "oops"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["8", "256", "ran"], done.stderr
+    assert Path(DIRECTORY / "sitecustomize.py").is_file()

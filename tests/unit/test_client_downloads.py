@@ -1,0 +1,268 @@
+"""Downloads: transient failures are retried with backoff, real errors are not, an install is all or
+nothing, the token goes to the service only, and progress is reported.
+
+Blobs are served by a real HTTP server in a thread that can misbehave on purpose.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import os
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from warmup.client import INDEX_NAME, HttpBlobSource, StoreBlobSource, install
+from warmup.errors import BlobIntegrityError, StoreError
+from warmup.manifest import Manifest, ManifestFile
+from warmup.store import LocalBlobStore
+
+
+class FlakyServer:
+    """Serves /blobs/<sha256>. `fail[sha]` = how many of the first requests get a 503; `cut[sha]` = how
+    many of the first requests get half the body and a closed connection; `corrupt` serves wrong bytes."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.fail: dict[str, int] = {}
+        self.cut: dict[str, int] = {}
+        self.corrupt: set[str] = set()
+        self.requests: dict[str, int] = {}
+        self.headers: list[dict[str, str]] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                sha = self.path.rsplit("/", 1)[-1]
+                server.headers.append(dict(self.headers))
+                seen = server.requests[sha] = server.requests.get(sha, 0) + 1
+                body = server.blobs.get(sha)
+                if body is None:
+                    return self._answer(404, b"")
+                if seen <= server.fail.get(sha, 0):
+                    return self._answer(503, b"busy")
+                if sha in server.corrupt:
+                    body = bytes(len(body))
+                if seen <= server.cut.get(sha, 0):
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return None
+                return self._answer(200, body)
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def file(self, path: str, data: bytes, *, presigned: bool = True) -> ManifestFile:
+        sha = hashlib.sha256(data).hexdigest()
+        self.blobs[sha] = data
+        url = f"{self.url}/presigned/{sha}" if presigned else None
+        return ManifestFile(path=path, sha256=sha, size=len(data), url=url)
+
+
+@pytest.fixture
+def server():
+    flaky = FlakyServer()
+    yield flaky
+    flaky.httpd.shutdown()
+
+
+@pytest.fixture
+def web():
+    with httpx.Client() as client:
+        yield client
+
+
+def manifest_of(files: list[ManifestFile]) -> Manifest:
+    return Manifest(
+        spec_key="s" * 64,
+        toolchain_key="t" * 64,
+        toolchain={},
+        backend="inductor",
+        device="cpu",
+        plan_size=1,
+        signatures=["a"],
+        files=files,
+    )
+
+
+def installed(dest: Path) -> set[str]:
+    if not dest.exists():
+        return set()
+    return {
+        p.relative_to(dest).as_posix()
+        for p in dest.rglob("*")
+        if p.is_file()
+        and not p.name.startswith(".warmup")
+        and not p.relative_to(dest).as_posix().startswith(".warmup")
+    }
+
+
+def test_transient_failures_are_retried_until_the_file_is_right(server, web, tmp_path):
+    busy = server.file("fxgraph/a/entry", os.urandom(5000))
+    dropped = server.file("kernels/b.so", os.urandom(300_000))
+    server.fail[busy.sha256] = 2  # 503, 503, then 200
+    server.cut[dropped.sha256] = 1  # half the body, connection closed, then whole
+    result = install(manifest_of([busy, dropped]), tmp_path, HttpBlobSource(web, None), parallel=2)
+    assert result.downloaded == 2
+    assert (server.requests[busy.sha256], server.requests[dropped.sha256]) == (3, 2)
+    for file in (busy, dropped):
+        assert hashlib.sha256((tmp_path / file.path).read_bytes()).hexdigest() == file.sha256
+
+
+def test_a_file_that_keeps_failing_gives_up_and_installs_nothing(server, web, tmp_path):
+    good = server.file("good.bin", b"good bytes")
+    down = server.file("down.bin", b"never served")
+    server.fail[down.sha256] = 99
+    with pytest.raises(StoreError, match="HTTP 503") as raised:
+        install(manifest_of([good, down]), tmp_path / "cache", HttpBlobSource(web, None), attempts=3)
+    assert "nothing was installed" in str(raised.value)
+    assert server.requests[down.sha256] == 3
+    assert installed(tmp_path / "cache") == set()  # the good file waited in a temp file, then went away
+    assert not (tmp_path / "cache" / INDEX_NAME).exists()
+
+
+def test_a_missing_blob_and_a_corrupt_one_are_not_retried(server, web, tmp_path):
+    ghost = ManifestFile(path="ghost.bin", sha256="0" * 64, size=3, url=f"{server.url}/presigned/{'0' * 64}")
+    with pytest.raises(StoreError, match="HTTP 404"):
+        install(manifest_of([ghost]), tmp_path / "a", HttpBlobSource(web, None))
+    assert server.requests["0" * 64] == 1
+    bad = server.file("bad.bin", b"the real content")
+    server.corrupt.add(bad.sha256)
+    with pytest.raises(BlobIntegrityError, match="sha256 mismatch"):
+        install(manifest_of([bad]), tmp_path / "b", HttpBlobSource(web, None))
+    assert server.requests[bad.sha256] == 1
+    assert installed(tmp_path / "a") == installed(tmp_path / "b") == set()
+
+
+def test_the_token_goes_to_the_service_and_never_to_a_presigned_url(server, web, tmp_path):
+    presigned = server.file("a.bin", b"from the bucket")
+    routed = server.file("b.bin", b"from the api", presigned=False)
+    source = HttpBlobSource(web, server.url, {"Authorization": "Bearer wu_secret"})
+    install(manifest_of([presigned, routed]), tmp_path, source, parallel=1)
+    sent = {h.get("Authorization") for h in server.headers}
+    assert sent == {None, "Bearer wu_secret"} and len(server.headers) == 2
+
+
+def test_progress_counts_files_and_bytes_up_to_the_total(server, web, tmp_path):
+    files = [server.file(f"f{i}.bin", os.urandom(1000 * (i + 1))) for i in range(5)]
+    seen = []
+    install(manifest_of(files), tmp_path, HttpBlobSource(web, None), parallel=2, on_progress=seen.append)
+    last = seen[-1]
+    assert (last.files_done, last.files_total) == (5, 5)
+    assert last.bytes_done == last.bytes_total == sum(f.size for f in files)
+    assert [p.files_done for p in seen] == sorted(p.files_done for p in seen)
+
+
+def test_install_from_a_store_streams_and_verifies(tmp_path):
+    store = LocalBlobStore(tmp_path / "store")
+    sources = []
+    for index in range(3):
+        path = tmp_path / f"src{index}"
+        path.write_bytes(os.urandom(3 * 1024 * 1024 + index))  # several chunks each
+        store.put_file(path)
+        sources.append(path)
+    files = [
+        ManifestFile(
+            path=f"dir/{p.name}", sha256=hashlib.sha256(p.read_bytes()).hexdigest(), size=p.stat().st_size
+        )
+        for p in sources
+    ]
+    result = install(manifest_of(files), tmp_path / "cache", StoreBlobSource(store))
+    assert result.downloaded == 3 and installed(tmp_path / "cache") == {f.path for f in files}
+    (store.root / "blobs" / files[0].sha256[:2] / files[0].sha256).write_bytes(b"tampered")
+    with pytest.raises(BlobIntegrityError):
+        install(manifest_of(files), tmp_path / "other", StoreBlobSource(store))
+    assert installed(tmp_path / "other") == set()
+
+
+def test_a_store_without_this_toolchains_manifest_names_the_closest_difference(tmp_path):
+    from warmup.client import bucket_manifest
+    from warmup.db.manifests import publish_manifest
+    from warmup.errors import NotWarmedError, ToolchainMismatchError
+    from warmup.toolchain import Toolchain
+
+    fields = dict(backend="inductor", device="cpu", python="3.11.7", torch="2.13.0+cpu", torch_key="ab" * 32)
+    ours = Toolchain(**fields, device_kind="cpu", cpu_isa="avx512", num_threads=2)
+    store = LocalBlobStore(tmp_path / "store")
+    with pytest.raises(NotWarmedError, match="--wait"):
+        bucket_manifest(store, "s" * 64, ours)
+    for theirs in (
+        ours.model_copy(update={"torch": "2.14.1", "cpu_isa": "avx2"}),
+        ours.model_copy(update={"torch": "2.14.1"}),
+    ):
+        published = manifest_of([]).model_copy(
+            update={"toolchain_key": theirs.key(), "toolchain": theirs.model_dump(mode="json")}
+        )
+        publish_manifest(store, published)
+    with pytest.raises(ToolchainMismatchError) as raised:
+        bucket_manifest(store, "s" * 64, ours)
+    assert raised.value.differences == {"torch": ("2.13.0+cpu", "2.14.1")}
+    publish_manifest(store, manifest_of([]).model_copy(update={"toolchain_key": ours.key()}))
+    assert bucket_manifest(store, "s" * 64, ours).toolchain_key == ours.key()
+
+
+def test_downloads_go_through_the_proxy_the_environment_names(server, web, tmp_path, monkeypatch):
+    from warmup.client import _proxies
+
+    monkeypatch.setenv("HTTP_PROXY", server.url)  # the test server answers as a proxy would
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    _proxies.cache_clear()
+    try:
+        file = server.file("a.bin", b"through the proxy")
+        file = file.model_copy(
+            update={"url": f"http://blobs.invalid/presigned/{file.sha256}"}
+        )  # no such host
+        with httpx.Client() as proxied:  # httpx reads the proxy from the environment
+            install(manifest_of([file]), tmp_path, HttpBlobSource(proxied, None))
+        assert (tmp_path / "a.bin").read_bytes() == b"through the proxy"
+    finally:
+        _proxies.cache_clear()
+
+
+def test_https_downloads_verify_the_certificate(server, web, tmp_path, monkeypatch):
+    import ssl
+    import subprocess
+
+    from warmup.client import _tls_context
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.httpd.socket = context.wrap_socket(server.httpd.socket, server_side=True)
+    file = server.file("a.bin", b"over tls")
+    file = file.model_copy(update={"url": file.url.replace("http://", "https://")})
+    _tls_context.cache_clear()
+    try:
+        with pytest.raises(StoreError, match=r"not trusted.*SSL_CERT_FILE"):
+            install(manifest_of([file]), tmp_path / "untrusted", HttpBlobSource(web, None))
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        _tls_context.cache_clear()
+        install(manifest_of([file]), tmp_path / "trusted", HttpBlobSource(web, None))
+        assert (tmp_path / "trusted" / "a.bin").read_bytes() == b"over tls"
+    finally:
+        _tls_context.cache_clear()

@@ -1,0 +1,442 @@
+"""`WarmupCallback`: what a real training run met, what it still compiled, reported to the service.
+
+    from warmup.callback import WarmupCallback
+    trainer = SFTTrainer(..., callbacks=[WarmupCallback("job.yaml", server="http://warmup:8000")])
+
+Under `warmup exec`, `WarmupCallback()` needs no arguments: the spec, the server (WARMUP_SERVER) and
+the cache directory come from the environment exec sets.
+
+How it observes the run:
+- Signatures met: forward pre-hooks record the shape of each model call's `input_ids` (or
+  `inputs_embeds`, or first tensor argument) and its phase: `train` with grad on, `eval` in eval
+  mode, `old_logps` in train mode without grad, `generate_*` when a KV cache is passed, `ref` for the
+  reference model. Hooks on the model, not on the data, see what the compiled graph sees (DPO's
+  concatenated chosen+rejected rows, padded or packed batches) for every TRL trainer. They sit on the
+  modules the trainer calls: its `model_wrapped` (torch.compile's wrapper, DDP), whose hooks run
+  outside the compiled frame, found from the trainer calling `on_train_begin`; the bare model (eager
+  evaluation, generation); and the trainer's `ref_model`. A hook reached inside a compiled frame
+  returns at once (`torch.compiler.is_compiling()`): it never changes a graph. Without a reference
+  model to hook, reference signatures are inferred from the policy's shapes, on which TRL runs it.
+- Fresh compiles: the backend's counter (Inductor: FX graph and AOTAutograd cache misses and
+  bypasses, and new files in the cache dir; Neuron: the runtime's cache statistics and new NEFFs).
+  When a new shape is met, the compiles since the previous new shape are its own; a shape that
+  compiled and that the plan did not list gets one warning.
+- Report: `POST /v1/coverage` at the end of training, and when the process ends without training
+  ending (train() raised): an atexit hook, since callbacks do not see exceptions. `report()` can
+  also be called by hand. The service turns missed signatures into new tasks. Posting never
+  raises: a server that is down is logged and training goes on. The report is also written to
+  `<output_dir>/warmup-coverage.json`. Under torchrun, rank 0 always reports, other ranks only when
+  they compiled something.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+log = logging.getLogger("warmup.callback")
+
+Shape = tuple[str, int, int]  # phase, batch, seq_len
+REPORT_NAME = "warmup-coverage.json"
+MAX_LISTED_FILES = 20
+
+
+@dataclass
+class _Met:
+    step: int
+    compiled: bool = False
+
+
+class WarmupCallback(TrainerCallback):
+    """Records the signatures a run meets and its fresh compiles, and posts a coverage report."""
+
+    def __init__(
+        self,
+        spec: Any = None,
+        *,
+        server: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        from warmup.spec import Spec, load_spec
+
+        raw = os.environ.get("WARMUP_SPEC") if spec is None else spec
+        if raw is None:
+            raise ValueError(
+                "WarmupCallback needs the job's spec (a path, a mapping or a Spec), or WARMUP_SPEC"
+            )
+        if isinstance(raw, str) and raw.lstrip().startswith("{"):
+            raw = json.loads(raw)
+        self.spec = raw if isinstance(raw, Spec) else load_spec(raw)
+        self.server = server or os.environ.get("WARMUP_SERVER")
+        self.token = token
+        self.timeout_s = timeout_s
+        self._cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self._lock = threading.Lock()
+        self._met: dict[Shape, _Met] = {}
+        self._pending: set[Shape] = set()
+        self._warned: set[Shape] = set()
+        self._fresh_total = 0
+        self._step = 0
+        self._counter: Any = None
+        self._hooks: list[Any] = []
+        self._watching_ref = False
+        self._output_dir: Path | None = None
+        self._training = False
+        self._reported = False
+        self.last_report: dict[str, Any] | None = None
+        self.last_response: dict[str, Any] | None = None
+        self._planned, self._templates = self._plan()
+
+    # --- the plan ---------------------------------------------------------------------------------
+
+    def _plan(self) -> tuple[dict[Shape, Any], dict[str, Any]]:
+        """Planned signatures by shape, and per phase one planned signature to build others from."""
+        from warmup.planner import plan_spec
+
+        try:
+            signatures = plan_spec(self.spec).signatures
+        except Exception as error:  # a coverage report is not worth failing training for
+            log.warning("trl-warmup: cannot plan the spec (%s); the report will list no signatures", error)
+            return {}, {}
+        planned: dict[Shape, Any] = {}
+        templates: dict[str, Any] = {}
+        for signature in signatures:
+            planned.setdefault((signature.phase, signature.batch, signature.seq_len), signature)
+            templates.setdefault(signature.phase, signature)
+        return planned, templates
+
+    @property
+    def cache_dir(self) -> Path:
+        from warmup.backends import get_backend
+
+        if self._cache_dir is None:
+            target = self.spec.target
+            self._cache_dir = get_backend(target.backend, target.device).default_cache_dir()
+        return self._cache_dir
+
+    # --- TrainerCallback events -------------------------------------------------------------------
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._start_counting()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._start_counting()
+        self._output_dir = Path(args.output_dir) if getattr(args, "output_dir", None) else None
+        self._training, self._reported = True, False
+        if not self._hooks:
+            self._watch_models(model)
+        atexit.register(self._report_at_exit)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._step = int(getattr(state, "global_step", self._step + 1))
+        self._settle()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._settle()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self.report("completed")
+
+    # --- observing --------------------------------------------------------------------------------
+
+    def _start_counting(self) -> None:
+        if self._counter is not None:
+            return
+        from warmup.backends import get_backend
+
+        target = self.spec.target
+        try:
+            self._counter = get_backend(target.backend, target.device).counter(self.cache_dir)
+        except Exception as error:
+            log.warning("trl-warmup: cannot count compiles in %s (%s)", self.cache_dir, error)
+
+    def _watch_models(self, model: Any) -> None:
+        """Hook the modules the trainer calls. The callback event hands over the bare model, whose hooks
+        run inside the compiled frame; the trainer's `model_wrapped` (torch.compile's wrapper, DDP)
+        runs its hooks outside, so it is found on the stack of the trainer that called this event."""
+        trainer = self._calling_trainer()
+        modules = [getattr(trainer, "model_wrapped", None), model]
+        for module in {id(m): m for m in modules if m is not None}.values():
+            self._hooks.append(module.register_forward_pre_hook(self._observer(None), with_kwargs=True))
+        ref = getattr(trainer, "ref_model", None)
+        if ref is not None and hasattr(ref, "register_forward_pre_hook"):
+            self._hooks.append(ref.register_forward_pre_hook(self._observer("ref"), with_kwargs=True))
+            self._watching_ref = True
+
+    def _calling_trainer(self) -> Any:
+        """The Trainer whose callback handler is running this callback, from the call stack (transformers
+        calls events from Trainer methods through CallbackHandler.call_event), or None."""
+        frame = sys._getframe(1)
+        for _ in range(12):
+            frame = frame.f_back
+            if frame is None:
+                return None
+            candidate = frame.f_locals.get("self")
+            handler = getattr(candidate, "callback_handler", None)
+            if hasattr(candidate, "model_wrapped") and any(
+                c is self for c in getattr(handler, "callbacks", ())
+            ):
+                return candidate
+        return None
+
+    def _observer(self, phase: str | None) -> Any:
+        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self._on_forward(module, args, kwargs, phase)
+
+        return hook
+
+    def _on_forward(
+        self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], phase: str | None
+    ) -> None:
+        import torch
+
+        if torch.compiler.is_compiling():  # inside a compiled frame: observing would change the graph
+            return None
+        try:
+            shape = _shape_of(module, args, kwargs, torch.is_grad_enabled(), phase)
+            if shape is not None and shape not in self._met:
+                self._settle()  # what compiled until now belongs to the shapes met before this one
+                with self._lock:
+                    self._met[shape] = _Met(step=self._step)
+                    self._pending.add(shape)
+        except Exception as error:  # never let observing break a training step
+            log.debug("trl-warmup: forward hook failed: %s", error)
+        return None
+
+    def _settle(self) -> None:
+        """Attribute the compiles since the last check to the shapes first met since then."""
+        if not self._pending or self._counter is None:
+            return
+        try:
+            total = self._counter.fresh().total
+        except Exception as error:
+            log.debug("trl-warmup: counting compiles failed: %s", error)
+            return
+        with self._lock:
+            compiled = total > self._fresh_total
+            self._fresh_total = total
+            pending, self._pending = self._pending, set()
+        if not compiled:
+            return
+        for shape in sorted(pending):
+            self._met[shape].compiled = True
+            self._warn_once(shape)
+
+    def _warn_once(self, shape: Shape) -> None:
+        if shape in self._warned:
+            return
+        self._warned.add(shape)
+        label = _label(shape)
+        if shape not in self._planned:
+            then = (
+                "it is reported to the service, which warms it for the next run"
+                if self.server
+                else ("give the callback a server (or set WARMUP_SERVER) to have it warmed for the next run")
+            )
+            log.warning(
+                "trl-warmup: %s compiled during training and the plan of this spec did not list it "
+                "(the data reaches a shape the spec's data facts do not): %s",
+                label,
+                then,
+            )
+        else:
+            log.warning(
+                "trl-warmup: %s was planned but compiled during training: the cache in %s does not hold it "
+                "(pulled with --allow-partial, or not pulled)",
+                label,
+                self.cache_dir,
+            )
+
+    # --- the report -------------------------------------------------------------------------------
+
+    def build_report(self, status: str, error: str | None = None) -> dict[str, Any]:
+        """The POST /v1/coverage body for what was observed so far."""
+        self._settle()
+        fresh = self._counter.fresh() if self._counter is not None else None
+        met: dict[str, None] = {}
+        missed: dict[str, dict[str, Any]] = {}
+        unmatched: list[str] = []
+        observed = dict(self._met)
+        for shape, seen in list(observed.items()):  # the reference model runs on the policy's batches
+            if shape[0] == "train" and "ref" in self._templates and not self._watching_ref:
+                observed.setdefault(("ref", shape[1], shape[2]), seen)
+        for shape, seen in sorted(observed.items()):
+            signature = self._planned.get(shape)
+            if signature is None and shape[0] in self._templates:
+                signature = self._templates[shape[0]].model_copy(
+                    update={"batch": shape[1], "seq_len": shape[2]}
+                )
+            if signature is None:
+                unmatched.append(_label(shape))
+                continue
+            key = signature.key()
+            met[key] = None
+            if seen.compiled and signature.compile != "eager":
+                missed[key] = signature.model_dump(mode="json")
+        details: dict[str, Any] = {
+            "status": status,
+            "steps": self._step,
+            "rank": int(os.environ.get("RANK", "0")),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "shapes": {
+                _label(shape): {"step": seen.step, "compiled": seen.compiled}
+                for shape, seen in sorted(self._met.items())
+            },
+            "unplanned": sorted(_label(s) for s in self._met if s not in self._planned),
+            "unmatched": unmatched,
+            "cache_dir": str(self.cache_dir),
+        }
+        if fresh is not None:
+            details["fresh"] = {name: count for name, count in fresh.counts.items() if count}
+            details["new_files"] = len(fresh.new_files)
+            details["new_files_first"] = list(fresh.new_files[:MAX_LISTED_FILES])
+        if error:
+            details["error"] = error[:2000]
+        return {
+            "spec": self.spec.model_dump(mode="json"),
+            "toolchain": self._toolchain(),
+            "met": list(met),
+            "missed": list(missed.values()),
+            "fresh_compiles": fresh.total if fresh is not None else 0,
+            "details": details,
+        }
+
+    def _toolchain(self) -> dict[str, Any]:
+        """The toolchain the cache was pulled for (the pod's, as `warmup pull` computed it); else this
+        process's own."""
+        from warmup.client import read_local_manifest
+
+        manifest = read_local_manifest(self.cache_dir, self.spec.key())
+        if manifest is not None:
+            return manifest.toolchain
+        from warmup.toolchain import current_toolchain
+
+        target = self.spec.target
+        return current_toolchain(target.backend, target.device).model_dump(mode="json")
+
+    def report(
+        self, status: str = "completed", error: BaseException | str | None = None
+    ) -> dict[str, Any] | None:
+        """Post the coverage report (once per training run); never raises. Returns the service's
+        answer, or None when it was not posted."""
+        if self._reported:
+            return self.last_response
+        self._reported, self._training = True, False
+        atexit.unregister(self._report_at_exit)
+        text = (
+            None
+            if error is None
+            else (error if isinstance(error, str) else f"{type(error).__name__}: {error}")
+        )
+        try:
+            body = self.build_report(status, text)
+        except Exception as failure:
+            log.warning("trl-warmup: could not build the coverage report: %s", failure)
+            return None
+        self.last_report = body
+        self._write(body)
+        rank = body["details"]["rank"]
+        if rank != 0 and not body["missed"] and not body["fresh_compiles"]:
+            return None  # rank 0 speaks for the run; other ranks only when they saw something
+        warm = len(body["met"]) - len(body["missed"])  # every missed signature is a met one
+        summary = (
+            f"trl-warmup: {status}: met {len(body['met'])} signature(s), {warm} warm, "
+            f"{len(body['missed'])} missed, {body['fresh_compiles']} fresh compile(s)"
+        )
+        if not self.server:
+            log.warning("%s; no server to report to (set WARMUP_SERVER)", summary)
+            return None
+        try:
+            from warmup.client import ServiceClient
+
+            timeout = _timeout(self.timeout_s)
+            with ServiceClient(self.server, token=self.token, timeout=timeout, attempts=2) as client:
+                self.last_response = client.post_coverage(body)
+        except Exception as failure:  # the service being down must never fail training
+            log.warning("%s; the report could not be posted to %s: %s", summary, self.server, failure)
+            return None
+        log.info(
+            "%s; report %s posted for job %s",
+            summary,
+            self.last_response.get("report_id"),
+            self.last_response.get("job_id"),
+        )
+        return self.last_response
+
+    def _report_at_exit(self) -> None:
+        if not self._training or self._reported:
+            return
+        error = getattr(sys, "last_value", None)
+        self.report("failed", error or "the process ended before training did")
+
+    def _write(self, body: dict[str, Any]) -> None:
+        if self._output_dir is None:
+            return
+        rank = body["details"]["rank"]
+        name = REPORT_NAME if rank == 0 else REPORT_NAME.replace(".json", f".rank{rank}.json")
+        try:
+            self._output_dir.mkdir(parents=True, exist_ok=True)
+            (self._output_dir / name).write_text(json.dumps(body, indent=1))
+        except OSError as error:
+            log.warning("trl-warmup: cannot write %s: %s", self._output_dir / name, error)
+
+
+def _shape_of(
+    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], grad: bool, phase: str | None
+) -> Shape | None:
+    tensor = kwargs.get("input_ids")
+    if tensor is None:
+        tensor = kwargs.get("inputs_embeds")
+    if tensor is None and args:
+        tensor = args[0]
+    dims = getattr(tensor, "shape", None)
+    if dims is None or len(dims) < 2:
+        return None
+    batch, seq_len = int(dims[0]), int(dims[1])
+    if phase is None:
+        if kwargs.get("past_key_values") is not None:
+            phase = "generate_prefill" if seq_len > 1 else "generate_decode"
+        elif not _innermost(module).training:
+            phase = "eval"
+        else:
+            phase = "train" if grad else "old_logps"
+    return phase, batch, seq_len
+
+
+def _innermost(module: Any) -> Any:
+    """The model under torch.compile's and DDP's wrappers: its train/eval mode is the one that counts."""
+    for _ in range(4):
+        inner = getattr(module, "_orig_mod", None)
+        if inner is None:
+            inner = getattr(module, "module", None)
+        if inner is None:
+            return module
+        module = inner
+    return module
+
+
+def _label(shape: Shape) -> str:
+    return f"{shape[0]} {shape[1]}x{shape[2]}"
+
+
+def _timeout(seconds: float) -> Any:
+    import httpx
+
+    return httpx.Timeout(seconds, connect=min(5.0, seconds))
+
+
+__all__ = ["WarmupCallback"]

@@ -1,0 +1,407 @@
+"""The training-pod side of the `warmup` command: pull, exec, coverage.
+
+These run in training images that have only the base install: nothing here imports fastapi,
+sqlalchemy or boto3 (boto3 is imported only by `pull --from s3://...`, when it runs).
+
+Exit codes: 0 ok, 2 invalid spec, 3 not warmed / partly warmed / warm-up failed, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from warmup.errors import WarmupError
+
+DEFAULT_PARALLEL = 16
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from warmup.cli import add_spec_arguments
+
+    pull = sub.add_parser(
+        "pull", help="install the warmed compile cache of a job into a local directory (training pods)"
+    )
+    add_spec_arguments(pull)
+    add_pull_options(pull)
+    pull.add_argument(
+        "--print-env",
+        action="store_true",
+        help='print the `export` lines a shell needs to use the cache (eval "$(warmup pull ...)")',
+    )
+    pull.set_defaults(func=cmd_pull)
+
+    exec_ = sub.add_parser(
+        "exec",
+        help="pull, then run a command with the cache environment and compile policy set",
+        usage="warmup exec SPEC (--server URL | --from s3://bucket/prefix) --dest DIR [options] -- CMD ...",
+    )
+    add_spec_arguments(exec_)
+    add_pull_options(exec_)
+    options_only = argparse.ArgumentParser(prog="warmup exec", add_help=False)
+    add_pull_options(options_only)
+    for action in exec_._actions:  # the spec overrides (--trainer, --backend, ...) may follow SPEC too
+        if action.option_strings and action.dest in ("trainer", "backend", "device", "world_size"):
+            options_only.add_argument(
+                *action.option_strings, dest=action.dest, type=action.type, choices=action.choices
+            )
+    exec_.add_argument(
+        "argv",
+        metavar="CMD",
+        nargs=argparse.REMAINDER,
+        action=_ExecCommand,
+        options=options_only,
+        help="the command to run, after `--` (e.g. -- torchrun --nproc_per_node=4 train.py)",
+    )
+    exec_.set_defaults(func=cmd_exec)
+
+    coverage = sub.add_parser("coverage", help="the coverage reports training runs posted for a warm-up job")
+    coverage.add_argument("job_id", help="the warm-up job's id (`warmup submit` prints it)")
+    coverage.add_argument(
+        "--server", default=os.environ.get("WARMUP_SERVER"), help="service URL (WARMUP_SERVER)"
+    )
+    coverage.add_argument("--format", choices=["table", "json"], default="table")
+    coverage.set_defaults(func=cmd_coverage)
+
+
+def add_pull_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server", default=os.environ.get("WARMUP_SERVER"), help="service URL (WARMUP_SERVER)"
+    )
+    parser.add_argument(
+        "--from",
+        dest="source",
+        metavar="URL",
+        help="pull from the bucket instead of the service: s3://bucket/prefix (standard AWS_* credentials)",
+    )
+    parser.add_argument("--dest", help="local cache directory to install into (required)")
+    parser.add_argument("--wait", action="store_true", help="wait for a warm-up that is not finished")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits (default 3600)")
+    parser.add_argument(
+        "--allow-partial", action="store_true", help="install what is warm even if some signatures are not"
+    )
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=DEFAULT_PARALLEL,
+        help=f"downloads at once (default {DEFAULT_PARALLEL})",
+    )
+    parser.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
+
+
+class _ExecCommand(argparse.Action):
+    """`warmup exec SPEC --dest D -- CMD ...`: argparse hands everything after SPEC to this positional
+    (REMAINDER), options included; split it at the first `--` and parse the options part."""
+
+    def __init__(self, *args: Any, options: argparse.ArgumentParser, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.options = options
+
+    def __call__(
+        self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None
+    ) -> None:
+        values = list(values or [])
+        if "--" in values:
+            cut = values.index("--")
+            options, command = values[:cut], values[cut + 1 :]
+        elif values and values[0].startswith("-"):
+            parser.error("put the command after `--`: warmup exec SPEC --dest DIR -- CMD ...")
+        else:
+            options, command = [], values
+        if options:
+            self.options.parse_args(options, namespace)
+        setattr(namespace, self.dest, command)
+
+
+# --- pull ---------------------------------------------------------------------------------------
+
+
+def cmd_pull(ns: argparse.Namespace) -> int:
+    from warmup.cli import load_spec_from_args
+
+    spec = load_spec_from_args(ns)
+    result = _pull(ns, spec)
+    if ns.print_env:
+        for name, value in child_environment(spec, result, _server(ns)).items():
+            print(f"export {name}={shlex.quote(value)}")
+    return 0
+
+
+def _pull(ns: argparse.Namespace, spec: Any) -> Any:
+    from warmup.client import pull
+
+    if not ns.dest:
+        raise WarmupError("give the local cache directory to install into: --dest DIR")
+    if not ns.source and not ns.server:
+        raise WarmupError(
+            "give the service URL (--server URL or WARMUP_SERVER) or the bucket (--from s3://bucket/prefix)"
+        )
+    progress = Progress(sys.stderr)
+    with _isa_probes_into(spec, ns.dest):
+        result = pull(
+            spec,
+            ns.dest,
+            server=_server(ns),
+            source=ns.source,
+            allow_partial=ns.allow_partial,
+            wait=ns.wait,
+            timeout=ns.timeout,
+            poll_interval=ns.poll,
+            parallel=ns.parallel,
+            on_progress=progress,
+            on_waiting=progress.waiting,
+        )
+    progress.done()
+    print(summary_line(result), file=sys.stderr)
+    if result.manifest.missing:
+        print(
+            f"warning: {len(result.manifest.missing)} signature(s) are not warm yet (--allow-partial): "
+            "training will compile them",
+            file=sys.stderr,
+        )
+    return result
+
+
+@contextlib.contextmanager
+def _isa_probes_into(spec: Any, dest: str) -> Iterator[None]:
+    """Build Inductor's CPU probe programs for DEST while the toolchain is computed, and move them into
+    DEST once the pull succeeded.
+
+    The first time a process picks its CPU vector ISA, Inductor builds small probe programs with g++
+    into its cache directory (computing the toolchain does it). A process started with the cache
+    environment already set (`exec`, a shell after `--print-env`) would build them in DEST during its
+    first training step, which the compile counter rightly sees as new files; build them here instead,
+    in a staging directory, so that a failed pull still leaves DEST untouched (or in DEST itself when
+    an earlier pull succeeded there, where they already are).
+    """
+    if (spec.target.backend, spec.target.device) != ("inductor", "cpu"):
+        yield
+        return
+    from warmup.client import LOCAL_MANIFESTS_DIR
+
+    variable = "TORCHINDUCTOR_CACHE_DIR"
+    previous = os.environ.get(variable)
+    target = Path(dest).expanduser().resolve()
+    pulled_before = (target / LOCAL_MANIFESTS_DIR).is_dir()  # then the probes are there: no g++ again
+    staging = target if pulled_before else Path(tempfile.mkdtemp(prefix="warmup-isa-probes-"))
+    os.environ[variable] = str(staging)
+    try:
+        yield
+        probes = [] if pulled_before else [p for p in staging.rglob("*") if p.is_file()]
+        for probe in probes:
+            relative = probe.relative_to(staging)
+            if relative.parts[0] != "locks" and not (target / relative).exists():
+                (target / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(probe, target / relative)
+    finally:
+        if previous is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = previous
+        if not pulled_before:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _server(ns: argparse.Namespace) -> str | None:
+    return None if ns.source else ns.server
+
+
+def summary_line(result: Any) -> str:
+    seconds = max(result.seconds, 1e-6)
+    if not result.downloaded:
+        return (
+            f"{result.dest} is up to date: {result.skipped} file(s) already in place, nothing downloaded "
+            f"({result.seconds:.2f}s)"
+        )
+    return (
+        f"installed {result.downloaded} file(s), {_mb(result.bytes_downloaded)} MB, into {result.dest} in "
+        f"{result.seconds:.2f}s ({_mb(result.bytes_downloaded / seconds)} MB/s, "
+        f"{result.downloaded / seconds:.0f} files/s, sha256 verified); {result.skipped} already in place"
+    )
+
+
+def _mb(size: float) -> str:
+    return f"{size / 1e6:.1f}"
+
+
+class Progress:
+    """Progress on stderr: one refreshed line on a terminal, a line every 5 s in a log."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.last = 0.0
+        self.shown = self.final_shown = False
+        self.last_reason = ""
+
+    def __call__(self, progress: Any) -> None:
+        now = time.monotonic()
+        final = progress.files_done == progress.files_total
+        if (final and self.final_shown) or (not final and now - self.last < (0.2 if self.tty else 5.0)):
+            return
+        self.last, self.final_shown = now, final
+        rate = progress.bytes_done / max(progress.elapsed_s, 1e-6)
+        text = (
+            f"pulling: {progress.files_done}/{progress.files_total} files, "
+            f"{_mb(progress.bytes_done)}/{_mb(progress.bytes_total)} MB, {_mb(rate)} MB/s"
+        )
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+            self.shown = True
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def waiting(self, error: WarmupError) -> None:
+        reason = str(error)
+        if reason != self.last_reason:
+            print(f"waiting: {reason}", file=self.stream, flush=True)
+            self.last_reason = reason
+
+    def done(self) -> None:
+        if self.tty and self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# --- the environment of the training process -----------------------------------------------------
+
+
+def child_environment(spec: Any, result: Any, server: str | None = None) -> dict[str, str]:
+    """What `warmup exec` sets for the command, and `pull --print-env` prints: the backend's cache
+    environment, the recompile limits (applied in every Python process by warmup/_sitecustomize), and
+    the spec and server for the training callback."""
+    from warmup._sitecustomize import DIRECTORY
+    from warmup.backends import recompile_limits
+
+    env = training_process_environment(result.manifest, result.dest, spec.target.world_size)
+    limit, accumulated = recompile_limits(result.manifest.plan_size)
+    env["WARMUP_RECOMPILE_LIMIT"] = str(limit)
+    env["WARMUP_ACCUMULATED_RECOMPILE_LIMIT"] = str(accumulated)
+    env["WARMUP_SPEC"] = spec.canonical_json()
+    if server:
+        env["WARMUP_SERVER"] = server
+    paths = [str(DIRECTORY), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+def training_process_environment(manifest: Any, dest: Any, world_size: int) -> dict[str, str]:
+    """The backend's environment as each training process computes it (`warmup.activate` does it in
+    the process). On CPU, Inductor's key tag carries the thread count, and under torchrun each of
+    `world_size` processes gets OMP_NUM_THREADS threads (1 when unset): compute it with that count.
+    This process is about to exit or exec, so changing its thread count changes nothing else."""
+    if manifest.backend == "inductor" and manifest.device == "cpu" and world_size > 1:
+        import torch
+
+        from warmup.toolchain import training_threads
+
+        torch.set_num_threads(training_threads(world_size))
+    return manifest.environment(str(dest))
+
+
+# --- exec ---------------------------------------------------------------------------------------
+
+
+def cmd_exec(ns: argparse.Namespace) -> int:
+    from warmup.cli import load_spec_from_args
+
+    if not ns.argv:
+        raise WarmupError("give the command to run after `--`: warmup exec SPEC --dest DIR -- CMD ...")
+    spec = load_spec_from_args(ns)
+    result = _pull_or_installed(ns, spec)
+    env = {**os.environ, **child_environment(spec, result, _server(ns))}
+    print(f"exec: {shlex.join(ns.argv)}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    try:
+        os.execvpe(ns.argv[0], ns.argv, env)
+    except OSError as error:
+        raise WarmupError(f"cannot run {ns.argv[0]!r}: {error.strerror or error}") from None
+    return 0  # not reached: exec replaced this process
+
+
+def _pull_or_installed(ns: argparse.Namespace, spec: Any) -> Any:
+    """Pull; when the service cannot be reached, train on what an earlier pull installed in DEST (the
+    initContainer's), provided it was pulled for this toolchain and every file is still intact."""
+    from warmup.client import install, read_local_manifest
+    from warmup.errors import ServerUnreachableError
+    from warmup.toolchain import current_toolchain
+
+    try:
+        return _pull(ns, spec)
+    except ServerUnreachableError as error:
+        manifest = read_local_manifest(ns.dest, spec.key())
+        toolchain = current_toolchain(spec.target.backend, spec.target.device)
+        if manifest is None or manifest.toolchain_key != toolchain.key():
+            raise
+        try:
+            result = install(manifest, ns.dest, _Unreachable(error))  # verifies; downloads nothing
+        except WarmupError:
+            raise error from None
+        print(
+            f"warning: {error}; using the cache an earlier pull installed in {result.dest} "
+            f"({result.skipped} files, all verified)",
+            file=sys.stderr,
+        )
+        return result
+
+
+class _Unreachable:
+    """A blob source for when the service is away: any file still to download fails the install."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def open(self, file: Any) -> Any:
+        raise WarmupError(f"{file.path} is missing or changed in the cache, and {self.error}")
+
+
+# --- coverage -----------------------------------------------------------------------------------
+
+
+def cmd_coverage(ns: argparse.Namespace) -> int:
+    from warmup.cli import format_table
+    from warmup.client import ServiceClient, signature_label
+
+    if not ns.server:
+        raise WarmupError("give the service URL: --server URL (or WARMUP_SERVER)")
+    with ServiceClient(ns.server) as client:
+        job = client.job(ns.job_id)
+        reports = client.coverage(ns.job_id)
+    if ns.format == "json":
+        print(json.dumps(reports, indent=2))
+        return 0
+    labels = {s["key"]: signature_label(s.get("signature") or {}) for s in job.get("signatures", [])}
+    rows = [
+        (
+            report["id"],
+            str(report["created_at"])[:19].replace("T", " "),
+            report.get("details", {}).get("status", "-"),
+            len(report["met"]),
+            len(set(report["met"]) - set(report["missed"])),
+            len(report["missed"]),
+            report["fresh_compiles"],
+        )
+        for report in reports
+    ]
+    headers = ("report", "created", "status", "met", "warm", "missed", "fresh compiles")
+    print(format_table(headers, rows, right={0, 3, 4, 5, 6}))
+    for report in reports:
+        missed = [labels.get(key, key[:12]) for key in report["missed"]]
+        if missed:
+            print(f"report {report['id']} missed: {', '.join(missed)}")
+    print(f"\n{len(reports)} report(s) for job {ns.job_id} ({job['state']})")
+    return 0
+
+
+__all__: Sequence[str] = ["child_environment", "register"]
