@@ -43,9 +43,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.e2e.tiny_model import build_tiny_model
+
 from api.services import Services
 from api.settings import Settings
-from tests.e2e.tiny_model import build_tiny_model
 from tests.support.live_server import serve
 from tests.support.pods import publish
 from tests.support.seaweed import seaweedfs

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.e2e.tiny_model import build_tiny_model
+
 from tests.support.seaweed import seaweedfs
 from warmup.db.manifests import publish_manifest
 from warmup.manifest import Manifest, ManifestFile
