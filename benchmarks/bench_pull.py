@@ -43,13 +43,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.e2e.tiny_model import build_tiny_model
-
 from api.services import Services
 from api.settings import Settings
 from tests.support.live_server import serve
 from tests.support.pods import publish
 from tests.support.seaweed import seaweedfs
+from tests.support.tiny_model import write_tiny_model
 from warmup.artifacts import ArtifactFile
 from warmup.backends import get_backend
 from warmup.db.records import FileRef, Keyed
@@ -108,7 +107,7 @@ def main() -> int:
         raise SystemExit(f"no aws CLI at {ns.aws!r}: install awscli apart (see the docstring) and pass --aws")
 
     work = Path(tempfile.mkdtemp(prefix="bench-pull-"))
-    spec_path = job_spec(build_tiny_model(work / "model"), work / "job.json")
+    spec_path = job_spec(write_tiny_model(work / "model"), work / "job.json")
     spec = load_spec(spec_path)
     cache = ns.cache or work / "warmed"
     if ns.cache is None:

@@ -27,9 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.e2e.tiny_model import build_tiny_model
-
 from tests.support.seaweed import seaweedfs
+from tests.support.tiny_model import write_tiny_model
 from warmup.db.manifests import publish_manifest
 from warmup.manifest import Manifest, ManifestFile
 from warmup.spec import load_spec
@@ -98,7 +97,7 @@ def main() -> int:
         json.dumps(
             {
                 "trainer": "sft",
-                "model": str(build_tiny_model(work / "model")),
+                "model": str(write_tiny_model(work / "model")),
                 "args": {"torch_compile": True},
                 "target": {"backend": "inductor", "device": "cpu"},
             }
