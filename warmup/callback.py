@@ -326,7 +326,9 @@ class WarmupCallback(TrainerCallback):
         from warmup.toolchain import current_toolchain
 
         target = self.spec.target
-        return current_toolchain(target.backend, target.device).model_dump(mode="json")
+        return current_toolchain(target.backend, target.device, world_size=target.world_size).model_dump(
+            mode="json"
+        )
 
     def report(
         self, status: str = "completed", error: BaseException | str | None = None

@@ -335,13 +335,16 @@ def _pull_or_installed(ns: argparse.Namespace, spec: Any) -> Any:
     initContainer's), provided it was pulled for this toolchain and every file is still intact."""
     from warmup.client import install, read_local_manifest
     from warmup.errors import ServerUnreachableError
-    from warmup.toolchain import current_toolchain
+    from warmup.toolchain import remembered_toolchain
 
     try:
         return _pull(ns, spec)
     except ServerUnreachableError as error:
         manifest = read_local_manifest(ns.dest, spec.key())
-        toolchain = current_toolchain(spec.target.backend, spec.target.device)
+        target = spec.target
+        toolchain = remembered_toolchain(
+            target.backend, target.device, world_size=target.world_size, directory=ns.dest
+        )
         if manifest is None or manifest.toolchain_key != toolchain.key():
             raise
         try:

@@ -429,9 +429,12 @@ def pull(
 
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
     if toolchain is None:
-        from warmup.toolchain import current_toolchain
+        from warmup.toolchain import remembered_toolchain
 
-        toolchain = current_toolchain(spec.target.backend, spec.target.device)
+        target = spec.target
+        toolchain = remembered_toolchain(
+            target.backend, target.device, world_size=target.world_size, directory=dest
+        )
     toolchain = toolchain if isinstance(toolchain, Toolchain) else Toolchain.model_validate(toolchain)
     if source is not None:
         return _pull_from_store(

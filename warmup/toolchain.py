@@ -284,6 +284,86 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
     return Toolchain(**facts)
 
 
+# Where a pod's cache directory remembers the toolchain computed for it (see `remembered_toolchain`).
+TOOLCHAIN_MEMO = ".warmup-toolchain.json"
+
+
+def remembered_toolchain(
+    backend: str, device: str, *, world_size: int = 1, directory: str | os.PathLike[str] | None = None
+) -> Toolchain:
+    """`current_toolchain`, remembered in `directory` under a key of facts that cost no torch import.
+
+    Computing a toolchain imports torch and probes the CPU's vector ISA with g++ (3-5 s); a pod pulls
+    before every training start. The key holds everything the toolchain is made of, read cheaply:
+    the interpreter, package versions, the size and mtime of every torch source file (what
+    `torch_key` hashes), the CPU's flags and the compile-relevant environment. Any change recomputes.
+    Neuron toolchains (instance facts from the runtime) are always computed.
+    """
+    facts = (
+        _cheap_facts(backend, device, world_size) if directory is not None and device != "neuron" else None
+    )
+    memo = Path(directory) / TOOLCHAIN_MEMO if directory is not None else None
+    if facts is not None and memo is not None:
+        try:
+            data = json.loads(memo.read_text())
+            if data.get("facts") == facts:
+                return Toolchain.model_validate(data["toolchain"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    toolchain = current_toolchain(backend, device, world_size=world_size)
+    if facts is not None and memo is not None:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        temp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
+        temp.write_text(json.dumps({"facts": facts, "toolchain": toolchain.model_dump(mode="json")}))
+        os.replace(temp, memo)
+    return toolchain
+
+
+def _cheap_facts(backend: str, device: str, world_size: int) -> dict[str, Any] | None:
+    """What a toolchain depends on, without importing torch; None when that cannot be read cheaply."""
+    import sys
+    from importlib.util import find_spec
+
+    torch_spec = find_spec("torch")
+    if torch_spec is None or torch_spec.origin is None:
+        return None
+    gpus = sorted(Path("/proc/driver/nvidia/gpus").glob("*/information"))
+    if device == "cuda" and not gpus:
+        return None
+    sources = hashlib.sha256()
+    for folder, dirs, files in os.walk(Path(torch_spec.origin).parent):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                stat = os.stat(os.path.join(folder, name))
+                sources.update(f"{folder}/{name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    packages = ("torch", "transformers", "trl", "accelerate", "triton", "pytorch-triton", "torch-neuronx")
+    return {
+        "backend": backend,
+        "device": device,
+        "world_size": world_size,
+        "python": [os.path.realpath(sys.executable), platform.python_version()],
+        "packages": {name: package_version(name) for name in packages},
+        "torch_sources": sources.hexdigest(),
+        "cpu": _cpu_flags(),
+        "cpus": [os.cpu_count(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None],
+        "threads": {
+            name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LOCAL_RANK")
+        },
+        "gpus": [path.read_text() for path in gpus] + [os.environ.get("CUDA_VISIBLE_DEVICES") or ""],
+        "env": compile_env(),
+    }
+
+
+def _cpu_flags() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    lines = [line for line in text.splitlines() if line.startswith(("flags", "model name", "Features"))]
+    return "\n".join(sorted(set(lines)))
+
+
 def training_threads(world_size: int) -> int:
     """The thread count torch uses in each training process of a job of `world_size` processes.
 

@@ -185,3 +185,26 @@ def test_pod_side_modules_import_without_server_packages_or_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_pods_toolchain_is_remembered_until_a_fact_changes(tmp_path, monkeypatch):
+    from warmup.toolchain import TOOLCHAIN_MEMO, current_toolchain, remembered_toolchain
+
+    monkeypatch.delenv("TORCHINDUCTOR_MAX_AUTOTUNE", raising=False)
+    first = remembered_toolchain("inductor", "cpu", directory=tmp_path)
+    assert first == current_toolchain("inductor", "cpu")
+    memo = tmp_path / TOOLCHAIN_MEMO
+    assert memo.exists()
+    # A remembered toolchain is returned as written (proof: tamper with the memo's toolchain only).
+    data = json.loads(memo.read_text())
+    data["toolchain"]["python"] = "remembered"
+    memo.write_text(json.dumps(data))
+    assert remembered_toolchain("inductor", "cpu", directory=tmp_path).python == "remembered"
+    # A compile-relevant change makes it compute again.
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")
+    changed = remembered_toolchain("inductor", "cpu", directory=tmp_path)
+    assert changed.python != "remembered" and changed.env.get("TORCHINDUCTOR_MAX_AUTOTUNE") == "1"
+    # So does a different number of training processes, and a corrupt memo is ignored.
+    assert remembered_toolchain("inductor", "cpu", world_size=2, directory=tmp_path).python != "remembered"
+    memo.write_text("{not json")
+    assert remembered_toolchain("inductor", "cpu", directory=tmp_path) == changed
