@@ -425,59 +425,76 @@ def pull(
     WarmupFailedError / ToolchainMismatchError / ServerUnreachableError with what to do.
     """
     from warmup.spec import Spec, load_spec
-    from warmup.toolchain import Toolchain
+    from warmup.toolchain import Toolchain, remember_toolchain, remembered_toolchain
 
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
-    if toolchain is None:
-        from warmup.toolchain import remembered_toolchain
-
-        target = spec.target
+    target = spec.target
+    computed = toolchain is None
+    if computed:
         toolchain = remembered_toolchain(
             target.backend, target.device, world_size=target.world_size, directory=dest
         )
     toolchain = toolchain if isinstance(toolchain, Toolchain) else Toolchain.model_validate(toolchain)
+    options = {
+        "wait": wait,
+        "timeout": timeout,
+        "poll_interval": poll_interval,
+        "parallel": parallel,
+        "on_progress": on_progress,
+        "on_waiting": on_waiting,
+    }
     if source is not None:
-        return _pull_from_store(
-            spec,
-            dest,
-            toolchain,
-            source,
-            wait=wait,
-            timeout=timeout,
-            poll_interval=poll_interval,
-            parallel=parallel,
-            on_progress=on_progress,
-            on_waiting=on_waiting,
-        )
-    if client is None and server is None:
+        result = _pull_from_store(spec, dest, toolchain, source, **options)
+    elif client is None and server is None:
         raise WarmupError(
             "pull needs the service URL (--server / WARMUP_SERVER) or a bucket (--from s3://...)"
         )
-    own_client = client is None
-    client = client or ServiceClient(server or "", token=token, max_connections=parallel)
-    try:
-        spec_json, toolchain_json = spec.model_dump(mode="json"), toolchain.model_dump(mode="json")
+    else:
+        own_client = client is None
+        client = client or ServiceClient(server or "", token=token, max_connections=parallel)
+        try:
+            result = _pull_from_service(spec, dest, toolchain, client, allow_partial=allow_partial, **options)
+        finally:
+            if own_client:
+                client.close()
+    if computed:  # the next pull (or `warmup exec`) into this directory skips computing it
+        remember_toolchain(result.dest, toolchain, world_size=target.world_size)
+    return result
 
-        def fetch() -> Manifest:
-            try:
-                return client.manifest(spec_json, toolchain_json, allow_partial=allow_partial)
-            except (NotWarmedError, PartlyWarmedError):
-                _raise_if_failed(client, spec.key(), toolchain.key())
-                raise
 
-        manifest = _wait_for(fetch, wait, timeout, poll_interval, on_waiting)
-        result = install(
-            manifest,
-            dest,
-            HttpBlobSource(client.http, client.server, client.auth_headers),
-            parallel=parallel,
-            on_progress=on_progress,
-        )
-        result.source = client.server
-        return result
-    finally:
-        if own_client:
-            client.close()
+def _pull_from_service(
+    spec: Spec,
+    dest: str | Path,
+    toolchain: Toolchain,
+    client: ServiceClient,
+    *,
+    allow_partial: bool,
+    wait: bool,
+    timeout: float,
+    poll_interval: float,
+    parallel: int,
+    on_progress: ProgressCallback | None,
+    on_waiting: Callable[[WarmupError], None] | None,
+) -> PullResult:
+    spec_json, toolchain_json = spec.model_dump(mode="json"), toolchain.model_dump(mode="json")
+
+    def fetch() -> Manifest:
+        try:
+            return client.manifest(spec_json, toolchain_json, allow_partial=allow_partial)
+        except (NotWarmedError, PartlyWarmedError):
+            _raise_if_failed(client, spec.key(), toolchain.key())
+            raise
+
+    manifest = _wait_for(fetch, wait, timeout, poll_interval, on_waiting)
+    result = install(
+        manifest,
+        dest,
+        HttpBlobSource(client.http, client.server, client.auth_headers),
+        parallel=parallel,
+        on_progress=on_progress,
+    )
+    result.source = client.server
+    return result
 
 
 def _pull_from_store(

@@ -311,12 +311,25 @@ def remembered_toolchain(
         except (OSError, ValueError, KeyError, TypeError):
             pass
     toolchain = current_toolchain(backend, device, world_size=world_size)
-    if facts is not None and memo is not None:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        temp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps({"facts": facts, "toolchain": toolchain.model_dump(mode="json")}))
-        os.replace(temp, memo)
+    if facts is not None and memo is not None and memo.parent.is_dir():  # never create a directory for it
+        _write_memo(memo, facts, toolchain)
     return toolchain
+
+
+def remember_toolchain(
+    directory: str | os.PathLike[str], toolchain: Toolchain, *, world_size: int = 1
+) -> None:
+    """Write the memo `remembered_toolchain` reads (once a pull has created the directory)."""
+    if toolchain.device != "neuron":
+        facts = _cheap_facts(toolchain.backend, toolchain.device, world_size)
+        if facts is not None:
+            _write_memo(Path(directory) / TOOLCHAIN_MEMO, facts, toolchain)
+
+
+def _write_memo(memo: Path, facts: dict[str, Any], toolchain: Toolchain) -> None:
+    temp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
+    temp.write_text(json.dumps({"facts": facts, "toolchain": toolchain.model_dump(mode="json")}))
+    os.replace(temp, memo)
 
 
 def _cheap_facts(backend: str, device: str, world_size: int) -> dict[str, Any] | None:
