@@ -14,6 +14,7 @@ import random
 import pytest
 
 from tests.support.shape_recorder import (
+    CPU_ARGS,
     DYNAMO_EAGER,
     ShapeRecorder,
     check_compiled,
@@ -25,14 +26,6 @@ from tests.support.tiny_model import init_model
 from warmup.planner import plan_spec
 from warmup.signature import Plan
 from warmup.spec import load_spec
-
-CPU_ARGS = {
-    "use_cpu": True,
-    "bf16": False,
-    "report_to": "none",
-    "save_strategy": "no",
-    "logging_strategy": "no",
-}
 
 
 def run_sft(model_dir, tmp_path, args: dict, train_lengths: list[int], eval_lengths: list[int] | None = None):

@@ -14,6 +14,7 @@ from typing import Any
 
 from tests.support.completion_script import CompletionScript
 from tests.support.shape_recorder import (
+    CPU_ARGS,
     DYNAMO_EAGER,
     Shape,
     ShapeRecorder,
@@ -23,14 +24,6 @@ from tests.support.shape_recorder import (
 )
 from tests.support.tiny_model import init_model, words, write_tiny_model
 
-CPU_ARGS = {
-    "use_cpu": True,
-    "bf16": False,
-    "report_to": "none",
-    "save_strategy": "no",
-    "logging_strategy": "no",
-    "disable_tqdm": True,
-}
 EVAL_FIRST_WORD = 150  # eval prompts start with w150, w151, ...: first tokens distinct from train prompts
 
 Prompt = tuple[int, int | tuple[int, ...]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 
 from tests.support.shape_recorder import (
+    CPU_ARGS,
     DYNAMO_EAGER,
     Shape,
     ShapeRecorder,
@@ -18,15 +19,6 @@ from tests.support.shape_recorder import (
 )
 from tests.support.tiny_model import init_model, words
 from warmup.signature import Plan
-
-CPU_ARGS = {
-    "use_cpu": True,
-    "bf16": False,
-    "report_to": "none",
-    "save_strategy": "no",
-    "logging_strategy": "no",
-    "disable_tqdm": True,
-}
 
 
 def _completion(tokens: int, offset: int) -> str:

@@ -12,6 +12,16 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+# Trainer arguments every test run uses: CPU, fp32, nothing written or logged.
+CPU_ARGS = {
+    "use_cpu": True,
+    "bf16": False,
+    "report_to": "none",
+    "save_strategy": "no",
+    "logging_strategy": "no",
+    "disable_tqdm": True,
+}
+
 Shape = tuple[str, int, int, int | None]
 
 # Trainer args that turn torch.compile on with Dynamo's cheap "eager" backend: Dynamo traces the same modules it
