@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +56,46 @@ def test_a_run_past_its_time_limit_is_killed_and_reported(sft_spec, tiny_model_d
     assert result.status == "timed_out" and not result.files
     assert "time limit" in result.note
     assert time.monotonic() - start < 60  # killed, not waited for
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:  # gone meanwhile
+            continue
+    return pids
+
+
+def test_killing_the_requester_stops_the_rehearsal_and_its_compiles(sft_spec, tiny_model_dir, tmp_path):
+    """A worker killed with SIGKILL cannot stop its rehearsal: the rehearsal notices and stops itself."""
+    work = tmp_path / "work"
+    job_file = str(work / "rehearsal-job.json")
+    script = (
+        "import sys\n"
+        "from warmup.rehearsal import rehearse\n"
+        "from warmup.spec import load_spec\n"
+        "from tests.e2e.helpers import signature\n"
+        f"spec = load_spec({str(tmp_path / 'sft.yaml')!r})\n"
+        f"rehearse(spec, [signature('sft', {str(tiny_model_dir)!r}, 'train', 2, 64)], {str(work)!r})\n"
+    )
+    requester = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 120
+        while len(_processes_mentioning(job_file)) < 2:  # the supervisor and its forked compile run
+            assert requester.poll() is None, "the rehearsal ended before the test could kill it"
+            assert time.monotonic() < deadline, "the compile run never started"
+            time.sleep(0.2)
+        requester.send_signal(signal.SIGKILL)
+        requester.wait()
+        deadline = time.monotonic() + 15
+        while (left := _processes_mentioning(job_file)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == [], f"rehearsal processes outlived their requester: {left}"
+    finally:
+        requester.kill()
+        for pid in _processes_mentioning(job_file):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -147,6 +147,7 @@ def group_runs(units: list[Any], train_rows: int, grouping: bool) -> list[list[A
 
 
 def main(argv: list[str]) -> int:
+    parent = os.getppid()
     job = json.loads(Path(argv[0]).read_text())
     from warmup.errors import WarmupError
     from warmup.rehearsal.drivers import RunJob
@@ -211,6 +212,13 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     while pending or running:
+        if os.getppid() != parent:
+            # Whoever asked for this rehearsal is gone (a worker killed with SIGKILL cannot stop us):
+            # stop compiling for nobody, and free the cores (NeuronCores above all) for its successor.
+            print("the process that started this rehearsal died; stopping", file=sys.stderr)
+            for item in running.values():
+                item.kill()
+            return 1
         while pending and len(running) < job["jobs"]:
             units = pending.pop(0)
             paths = run_paths(work_root, next_index)
