@@ -5,13 +5,16 @@ Clients (warmup.client.api_error) turn the code back into the same WarmupError.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from warmup.db.outage import is_unavailable
 from warmup.errors import (
     AuthError,
     BlobNotFoundError,
@@ -26,6 +29,11 @@ from warmup.errors import (
     UnsafeArtifactError,
     WarmupError,
 )
+
+log = logging.getLogger("warmup.api")
+
+# What a client is told to wait while the database is unavailable: a restart takes a few seconds.
+DATABASE_RETRY_AFTER_S = 5
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -82,8 +90,27 @@ async def validation_error_handler(request: Request, error: Exception) -> JSONRe
     return JSONResponse(error_body("invalid_spec", message, problems=problems), status_code=422)
 
 
+async def database_error_handler(request: Request, error: Exception) -> JSONResponse:
+    """The database is restarting or unreachable: 503 with Retry-After, so clients retry (a bug in a
+    statement, say an integrity error, stays a 500)."""
+    if not is_unavailable(error):
+        raise error
+    # The driver's message can name hosts and users: it goes to the log, not to the client.
+    log.warning("database unavailable for %s %s: %s", request.method, request.url.path, _first_line(error))
+    body = error_body(
+        "database_unavailable",
+        f"the database is unavailable (restarting or unreachable); retry in {DATABASE_RETRY_AFTER_S}s",
+    )
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+
+
+def _first_line(error: Exception) -> str:
+    return (str(getattr(error, "orig", None) or error).strip().splitlines() or [""])[0]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(WarmupError, warmup_error_handler)
+    app.add_exception_handler(DBAPIError, database_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
 
 
