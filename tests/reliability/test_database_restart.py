@@ -22,6 +22,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,14 +46,15 @@ from tests.reliability.audit import audit_store
 from tests.reliability.ledger import Row, record
 from tests.support.live_server import serve
 from warmup.db import models as m
-from warmup.db.engine import make_engine
+from warmup.db.engine import POSTGRES_CONNECT_TIMEOUT_S, make_engine
 from warmup.db.migrate import upgrade
+from warmup.db.outage import is_unavailable
 from warmup.db.records import Keyed
 from warmup.signature import Signature
 from warmup.spec import Spec, load_spec
 from warmup.toolchain import Toolchain, current_toolchain
 
-EAGER_TASKS = 150
+EAGER_TASKS = 60
 OUTAGE_S = 3.0  # how long the server stays down: long enough for every client to notice
 UNAVAILABLE = "database unavailable ("  # the worker's line when an outage starts
 BACK = "database answers again after"  # ... and when it ends
@@ -165,7 +167,7 @@ class Answers:
         started = time.monotonic()
         try:
             response = http.request(method, path, **kwargs)
-        except httpx.TimeoutException as error:  # a hang is a failure too
+        except httpx.TransportError as error:  # a hang or a dropped connection is a failure too
             with self.lock:
                 self.requests += 1
                 self.unexpected_5xx.append(f"{method} {path}: no answer ({error!r})")
@@ -208,7 +210,7 @@ class Poller(threading.Thread):
     def run(self) -> None:
         with httpx.Client(base_url=self.base_url, timeout=15) as http:
             while not self.done.wait(0.05):
-                with contextlib.suppress(httpx.TimeoutException):  # counted as unexpected
+                with contextlib.suppress(httpx.TransportError):  # counted as unexpected
                     self.answers.get(http, "GET", f"/v1/warmups/{self.job_id}")
 
 
@@ -437,3 +439,123 @@ def test_a_job_rides_out_a_clean_restart_and_a_crash_of_the_database(
             p99_ms=answers.p99_ms(),
         )
     )
+
+
+def compiling_spec(model_dir: Path) -> Spec:
+    """One training signature that Inductor compiles (20-50 s on a quiet CPU)."""
+    return load_spec(
+        {
+            "trainer": "sft",
+            "model": str(model_dir),
+            "args": {
+                "per_device_train_batch_size": 2,
+                "max_length": 32,
+                "pad_to_multiple_of": 32,
+                "torch_compile": True,
+                "bf16": False,
+            },
+            "data": {"min_tokens": 10, "max_tokens": 32},
+            "target": {"backend": "inductor", "device": "cpu"},
+        }
+    )
+
+
+@pytest.mark.slow
+def test_a_worker_mid_compile_rides_out_a_restart(
+    private_postgres: PrivatePostgres, services_on: Services, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    services, pg = services_on, private_postgres
+    db_url, store_url = services.settings.resolved_database_url, services.settings.resolved_store_url
+    spec, toolchain = compiling_spec(tiny_model_dir), current_toolchain("inductor", "cpu")
+    answers = Answers()
+    log = tmp_path / "worker.log"
+    with serve(services) as base_url, httpx.Client(base_url=base_url, timeout=15) as http:
+        body = {"spec": spec.model_dump(mode="json"), "toolchain": toolchain.model_dump(mode="json")}
+        submitted = answers.get(http, "POST", "/v1/warmups", json=body)
+        assert submitted.status_code == 201, submitted.text
+        job_id = submitted.json()["id"]
+        assert submitted.json()["counts"] == {"queued": 1}
+        # Heartbeats every 3 s: the outage below outlasts one, so the worker meets it mid-compile.
+        worker = start_worker(db_url, store_url, log, "--poll-interval", "0.5", "--lease", "12")
+        poller = Poller(base_url, job_id, answers)
+        poller.start()
+        try:
+            wait_for(
+                "the worker to start rehearsing",
+                lambda: "rehearsing" in log.read_text(),
+                300,
+                worker=worker,
+                log=log,
+            )
+            outage(pg, "fast", lambda: probe_while_down(http, answers, spec, toolchain))
+            wait_for("the API to answer again", lambda: job_counts(http, job_id), 30, worker=worker, log=log)
+            wait_for(
+                "the job to complete",
+                lambda: http.get(f"/v1/warmups/{job_id}").json()["state"] == "ready",
+                600,
+                worker=worker,
+                log=log,
+            )
+        finally:
+            poller.done.set()
+            poller.join(timeout=30)
+            if worker.poll() is None:
+                worker.terminate()
+            worker.wait(timeout=60)
+    output = log.read_text(errors="replace")
+    assert worker.returncode == 0, output[-4000:]
+
+    # One outage, met while the task was being compiled, and the task finished after it.
+    assert output.count(UNAVAILABLE) == 1 and output.count(BACK) == 1, output[-4000:]
+    assert (
+        output.index("rehearsing")
+        < output.index(UNAVAILABLE)
+        < output.index(BACK)
+        < output.index(": done in")
+    )
+    assert "Traceback" not in output, output[-4000:]
+
+    check = make_engine(db_url)
+    try:
+        tasks = task_rows(check)
+        assert [(t.state, t.attempts) for t in tasks] == [(m.TaskState.done, 1)]  # done once, not redone
+        audit = audit_store(check, services.store)
+    finally:
+        check.dispose()
+    assert audit.entries == 1 and audit.files > 0 and audit.lost == 0, audit
+
+    assert answers.unexpected_5xx == [], answers.unexpected_5xx
+    record(
+        Row(
+            scenario="database restart while a worker compiles (job submitted through the API)",
+            faults_injected=1,
+            jobs_completed=1,
+            data_lost=audit.lost,
+            responses_5xx=len(answers.unexpected_5xx),
+            requests=answers.requests,
+            p99_ms=answers.p99_ms(),
+        )
+    )
+
+
+def test_a_database_that_never_answers_is_an_error_not_a_hang() -> None:
+    """A server that accepts TCP connections but never speaks (hung, half failed over): connecting
+    fails within the connect timeout, as an error the API and the workers treat as unavailable."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # the kernel completes the handshakes; nobody ever reads or answers
+        engine = make_engine(f"postgresql://postgres@127.0.0.1:{listener.getsockname()[1]}/warmup")
+        outcome: dict[str, BaseException] = {}
+
+        def connect() -> None:
+            try:
+                engine.connect().close()
+            except BaseException as error:  # handed to the test thread
+                outcome["error"] = error
+
+        thread = threading.Thread(target=connect, daemon=True)
+        thread.start()
+        thread.join(POSTGRES_CONNECT_TIMEOUT_S + 30)
+        assert not thread.is_alive(), "connecting to a database that never answers hung"
+        engine.dispose()
+    assert is_unavailable(outcome["error"]), repr(outcome.get("error"))

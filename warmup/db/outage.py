@@ -44,8 +44,8 @@ class Outage:
         self,
         stop: threading.Event | None = None,
         *,
-        first_delay_s: float = 0.5,
-        max_delay_s: float = 5.0,
+        first_delay_s: float = 0.25,
+        max_delay_s: float = 2.0,
         logger: logging.Logger = log,
     ) -> None:
         self.stop = stop or threading.Event()
