@@ -19,6 +19,7 @@ mid-compile, so its heartbeats, and then its upload and completion, meet the out
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pwd
 import shutil
@@ -37,6 +38,7 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import Engine, select
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from api.services import Services
 from api.settings import Settings
@@ -48,14 +50,14 @@ from tests.support.live_server import serve
 from warmup.db import models as m
 from warmup.db.engine import POSTGRES_CONNECT_TIMEOUT_S, make_engine
 from warmup.db.migrate import upgrade
-from warmup.db.outage import is_unavailable
+from warmup.db.outage import Outage, is_unavailable
 from warmup.db.records import Keyed
 from warmup.signature import Signature
 from warmup.spec import Spec, load_spec
 from warmup.toolchain import Toolchain, current_toolchain
 
 EAGER_TASKS = 60
-OUTAGE_S = 3.0  # how long the server stays down: long enough for every client to notice
+OUTAGE_S = 4.0  # how long the server stays down: longer than a heartbeat period, so every client notices
 UNAVAILABLE = "database unavailable ("  # the worker's line when an outage starts
 BACK = "database answers again after"  # ... and when it ends
 
@@ -256,11 +258,11 @@ def job_counts(http: httpx.Client, job_id: str) -> dict[str, int] | None:
 
 def outage(pg: PrivatePostgres, mode: str, during: Any) -> None:
     """Stop the server, run `during` against the dead database, keep it down OUTAGE_S, start it."""
-    started = time.monotonic()
     pg.stop(mode)
+    down_at = time.monotonic()
     try:
         during()
-        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - started)))
+        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
     finally:
         pg.start()
 
@@ -475,8 +477,8 @@ def test_a_worker_mid_compile_rides_out_a_restart(
         assert submitted.status_code == 201, submitted.text
         job_id = submitted.json()["id"]
         assert submitted.json()["counts"] == {"queued": 1}
-        # Heartbeats every 3 s: the outage below outlasts one, so the worker meets it mid-compile.
-        worker = start_worker(db_url, store_url, log, "--poll-interval", "0.5", "--lease", "12")
+        # Heartbeats every 2 s: the outage below outlasts one, so the worker meets it mid-compile.
+        worker = start_worker(db_url, store_url, log, "--poll-interval", "0.5", "--lease", "8")
         poller = Poller(base_url, job_id, answers)
         poller.start()
         try:
@@ -559,3 +561,61 @@ def test_a_database_that_never_answers_is_an_error_not_a_hang() -> None:
         assert not thread.is_alive(), "connecting to a database that never answers hung"
         engine.dispose()
     assert is_unavailable(outcome["error"]), repr(outcome.get("error"))
+
+
+# --- the worker's retry policy, on its own ------------------------------------------------------
+
+
+def _refused() -> OperationalError:
+    return OperationalError("SELECT 1", {}, ConnectionRefusedError("connection refused"))
+
+
+def _flaky(failures: int, error: Exception) -> Any:
+    """An operation that raises `error` `failures` times, then answers."""
+    calls = {"n": 0}
+
+    def operation() -> str:
+        calls["n"] += 1
+        if calls["n"] <= failures:
+            raise error
+        return "answered"
+
+    operation.calls = calls  # type: ignore[attr-defined]
+    return operation
+
+
+def test_an_outage_is_ridden_out_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    outage = Outage(first_delay_s=0.001, max_delay_s=0.002, logger=logging.getLogger("test.outage"))
+    assert outage.call(lambda: "first") == "first"  # the database answered once
+    operation = _flaky(20, _refused())
+    with caplog.at_level(logging.INFO, logger="test.outage"):
+        assert outage.call(operation) == "answered"
+    assert operation.calls["n"] == 21 and outage.outages == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and lines[0].startswith(UNAVAILABLE) and lines[1].startswith(BACK), lines
+
+
+def test_a_database_never_reached_or_a_bad_statement_is_raised_at_once() -> None:
+    never = Outage(first_delay_s=0.001)
+    operation = _flaky(1, _refused())
+    with pytest.raises(OperationalError):  # a wrong URL at start-up: report it, do not wait forever
+        never.call(operation)
+    assert operation.calls["n"] == 1
+
+    outage = Outage(first_delay_s=0.001)
+    outage.call(lambda: None)
+    duplicate = IntegrityError("INSERT", {}, Exception("duplicate key"))
+    operation = _flaky(1, duplicate)
+    with pytest.raises(IntegrityError):  # a bug, not an outage: retrying would not help
+        outage.call(operation)
+    assert operation.calls["n"] == 1 and outage.outages == 0
+
+
+def test_a_stopping_worker_stops_waiting_for_the_database() -> None:
+    stop = threading.Event()
+    outage = Outage(stop, first_delay_s=0.01, max_delay_s=0.01)
+    outage.call(lambda: None)
+    threading.Timer(0.2, stop.set).start()
+    with pytest.raises(OperationalError):
+        outage.call(_flaky(10**9, _refused()))
+    assert outage.outages == 1

@@ -36,8 +36,10 @@ class Outage:
     """Runs database operations again while the database is unavailable.
 
     Backoff from `first_delay_s`, doubling up to `max_delay_s`, until the operation succeeds or `stop`
-    is set (then the last error is raised). Thread-safe: a worker's loop and its heartbeat thread
-    share one, so an outage is logged once however many calls wait it out.
+    is set (then the last error is raised). Until the database has answered once, errors are raised
+    at once: a wrong URL or a server that is not there at start-up is a configuration error to report,
+    not an outage to wait out. Thread-safe: a worker's loop and its heartbeat thread share one, so an
+    outage is logged once however many calls wait it out.
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class Outage:
         self.first_delay_s, self.max_delay_s = first_delay_s, max_delay_s
         self.log = logger
         self.outages = 0  # how many outages this process has ridden out (or is riding out)
+        self._answered = False  # the database has answered at least once
         self._down_since: float | None = None
         self._lock = threading.Lock()
 
@@ -61,7 +64,7 @@ class Outage:
             try:
                 result = operation(*args, **kwargs)
             except Exception as error:
-                if not is_unavailable(error) or self.stop.is_set():
+                if not (self._answered and is_unavailable(error)) or self.stop.is_set():
                     raise
                 self._went_down(error)
                 if self.stop.wait(delay):
@@ -85,6 +88,7 @@ class Outage:
         )
 
     def _came_back(self) -> None:
+        self._answered = True
         if self._down_since is None:  # the usual case: no lock taken
             return
         with self._lock:
