@@ -6,6 +6,7 @@ Clients (warmup.client.api_error) turn the code back into the same WarmupError.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,7 +15,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from warmup.db.outage import is_unavailable
+from warmup.db.outage import is_unavailable, reason
 from warmup.errors import (
     AuthError,
     BlobNotFoundError,
@@ -34,6 +35,8 @@ log = logging.getLogger("warmup.api")
 
 # What a client is told to wait while the database is unavailable: a restart takes a few seconds.
 DATABASE_RETRY_AFTER_S = 5
+# While it is, one warning per this many seconds, not one per request.
+DATABASE_LOG_EVERY_S = 10.0
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -96,16 +99,15 @@ async def database_error_handler(request: Request, error: Exception) -> JSONResp
     if not is_unavailable(error):
         raise error
     # The driver's message can name hosts and users: it goes to the log, not to the client.
-    log.warning("database unavailable for %s %s: %s", request.method, request.url.path, _first_line(error))
+    state, now = request.app.state, time.monotonic()
+    if now - getattr(state, "database_unavailable_logged_at", -DATABASE_LOG_EVERY_S) >= DATABASE_LOG_EVERY_S:
+        state.database_unavailable_logged_at = now
+        log.warning("database unavailable (%s): answering 503 until it is back", reason(error))
     body = error_body(
         "database_unavailable",
         f"the database is unavailable (restarting or unreachable); retry in {DATABASE_RETRY_AFTER_S}s",
     )
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
-
-
-def _first_line(error: Exception) -> str:
-    return (str(getattr(error, "orig", None) or error).strip().splitlines() or [""])[0]
 
 
 def install_error_handlers(app: FastAPI) -> None:

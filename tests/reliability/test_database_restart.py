@@ -357,7 +357,11 @@ def task_rows(engine: Engine) -> list[Any]:
 
 
 def test_a_job_rides_out_a_clean_restart_and_a_crash_of_the_database(
-    private_postgres: PrivatePostgres, services_on: Services, tiny_model_dir: Path, tmp_path: Path
+    private_postgres: PrivatePostgres,
+    services_on: Services,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     services, pg = services_on, private_postgres
     db_url = services.settings.resolved_database_url
@@ -373,7 +377,11 @@ def test_a_job_rides_out_a_clean_restart_and_a_crash_of_the_database(
     worker = start_worker(
         db_url, services.settings.resolved_store_url, log, "--poll-interval", "0.2", "--lease", "20"
     )
-    with serve(services) as base_url, httpx.Client(base_url=base_url, timeout=15) as http:
+    with (
+        caplog.at_level(logging.WARNING, logger="warmup.api"),
+        serve(services) as base_url,
+        httpx.Client(base_url=base_url, timeout=15) as http,
+    ):
         poller = Poller(base_url, job_id, answers)
         poller.start()
         try:
@@ -429,7 +437,10 @@ def test_a_job_rides_out_a_clean_restart_and_a_crash_of_the_database(
     assert audit.lost == 0 and audit.files == 6, audit  # the seeded blobs survived the crash restart
 
     assert answers.unexpected_5xx == [], answers.unexpected_5xx
-    assert answers.unavailable > 0  # the poller saw the outages as 503s, not as errors or hangs
+    # The poller saw the outages as 503s, not as errors or hangs; the API said so in a line or two
+    # (one per outage at most: each is shorter than its log interval), not one per request.
+    api_warnings = [r for r in caplog.records if r.name == "warmup.api" and UNAVAILABLE in r.getMessage()]
+    assert 1 <= len(api_warnings) <= 2 < answers.unavailable, (len(api_warnings), answers.unavailable)
     record(
         Row(
             scenario="database restart (clean + crash) under a job of eager tasks",

@@ -32,6 +32,13 @@ def is_unavailable(error: BaseException) -> bool:
     return error.connection_invalidated or isinstance(error, (OperationalError, InterfaceError))
 
 
+def reason(error: BaseException) -> str:
+    """The first line of the driver's message ("connection refused", "the database system is
+    starting up"), without SQLAlchemy's statement and parameters."""
+    lines = str(getattr(error, "orig", None) or error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 class Outage:
     """Runs database operations again while the database is unavailable.
 
@@ -80,10 +87,9 @@ class Outage:
                 return
             self._down_since = time.monotonic()
             self.outages += 1
-        reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
         self.log.warning(
             "database unavailable (%s): retrying with backoff up to %.0fs until it answers",
-            reason,
+            reason(error),
             self.max_delay_s,
         )
 
