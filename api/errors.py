@@ -5,13 +5,17 @@ Clients (warmup.client.api_error) turn the code back into the same WarmupError.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from warmup.db.outage import is_unavailable, reason
 from warmup.errors import (
     AuthError,
     BlobNotFoundError,
@@ -26,6 +30,13 @@ from warmup.errors import (
     UnsafeArtifactError,
     WarmupError,
 )
+
+log = logging.getLogger("warmup.api")
+
+# What a client is told to wait while the database is unavailable: a restart takes a few seconds.
+DATABASE_RETRY_AFTER_S = 5
+# While it is, one warning per this many seconds, not one per request.
+DATABASE_LOG_EVERY_S = 10.0
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -82,8 +93,26 @@ async def validation_error_handler(request: Request, error: Exception) -> JSONRe
     return JSONResponse(error_body("invalid_spec", message, problems=problems), status_code=422)
 
 
+async def database_error_handler(request: Request, error: Exception) -> JSONResponse:
+    """The database is restarting or unreachable: 503 with Retry-After, so clients retry (a bug in a
+    statement, say an integrity error, stays a 500)."""
+    if not is_unavailable(error):
+        raise error
+    # The driver's message can name hosts and users: it goes to the log, not to the client.
+    state, now = request.app.state, time.monotonic()
+    if now - getattr(state, "database_unavailable_logged_at", -DATABASE_LOG_EVERY_S) >= DATABASE_LOG_EVERY_S:
+        state.database_unavailable_logged_at = now
+        log.warning("database unavailable (%s): answering 503 until it is back", reason(error))
+    body = error_body(
+        "database_unavailable",
+        f"the database is unavailable (restarting or unreachable); retry in {DATABASE_RETRY_AFTER_S}s",
+    )
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(WarmupError, warmup_error_handler)
+    app.add_exception_handler(DBAPIError, database_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
 
 

@@ -28,6 +28,7 @@ from sqlalchemy import Engine
 
 from warmup.db.engine import make_engine
 from warmup.db.manifests import build_manifest, publish_manifest
+from warmup.db.outage import Outage, riding_out
 from warmup.db.queue import RetryStrategy, TaskQueue
 from warmup.db.records import ClaimedTask, FileRef, Keyed
 from warmup.db.repository import Repository, pool_entry
@@ -87,11 +88,18 @@ class Worker:
         self.options = options
         self.engine = engine or make_engine(options.database_url)
         self.store = store or open_store(options.store_url)
-        self.queue = TaskQueue(
-            self.engine,
-            retry=RetryStrategy(max_attempts=options.max_attempts, base_delay_s=options.retry_delay_s),
+        self.stop = threading.Event()  # set: claim nothing new
+        # A database restart or failover is waited out (with backoff, logged once per outage), not
+        # fatal: every queue and repository call is retried while the database is unavailable.
+        self.outage = Outage(self.stop, logger=log)
+        self.queue = riding_out(
+            TaskQueue(
+                self.engine,
+                retry=RetryStrategy(max_attempts=options.max_attempts, base_delay_s=options.retry_delay_s),
+            ),
+            self.outage,
         )
-        self.repository = Repository(self.engine)
+        self.repository = riding_out(Repository(self.engine), self.outage)
         if toolchain is not None:
             self.toolchains = {1: toolchain}
         else:
@@ -100,7 +108,6 @@ class Worker:
                 for size in options.world_sizes
             }
         self.toolchain = self.toolchains[min(self.toolchains)]
-        self.stop = threading.Event()  # set: claim nothing new
         self.outcomes: list[TaskOutcome] = []
 
     # --- the loop ----------------------------------------------------------------------------

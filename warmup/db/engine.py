@@ -17,6 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 # How long a SQLite writer waits for another one before giving up (ms). Claims and completions are
 # short transactions, so a long wait only happens under real overload.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# How long opening a PostgreSQL connection may take (s). libpq waits forever by default: a server that
+# accepts TCP but never answers (overloaded, half-failed-over) would hang every request and worker.
+POSTGRES_CONNECT_TIMEOUT_S = 10
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -37,11 +40,17 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
     SQLite: WAL (readers do not block the writer), a busy timeout, foreign keys on, and every
     transaction opened with BEGIN IMMEDIATE so that a read-then-write transaction can never fail
     with "database is locked" halfway through: writers queue up at BEGIN instead.
-    PostgreSQL: psycopg 3 with pre-ping, so a server restart costs one reconnect, not an error.
+    PostgreSQL: psycopg 3 with pre-ping, so a server restart costs one reconnect, not an error,
+    and a connect timeout, so a server that does not answer is an error, not a hang.
     """
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
+        if "connect_timeout" not in parsed.query:  # the URL's own ?connect_timeout= wins
+            kwargs["connect_args"] = {
+                "connect_timeout": POSTGRES_CONNECT_TIMEOUT_S,
+                **kwargs.get("connect_args", {}),
+            }
         # The queue's statements are written for READ COMMITTED (ON CONFLICT waits for the other
         # insert, SKIP LOCKED skips rows being claimed); do not inherit a server-wide default.
         kwargs.setdefault("isolation_level", "READ COMMITTED")
