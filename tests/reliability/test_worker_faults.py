@@ -35,6 +35,7 @@ from warmup.db.manifests import manifest_object_key
 from warmup.db.queue import TaskQueue
 from warmup.db.records import Keyed
 from warmup.db.repository import Repository
+from warmup.errors import BlobNotFoundError
 from warmup.planner import plan_spec
 from warmup.signature import Signature
 from warmup.spec import Spec, load_spec
@@ -55,7 +56,18 @@ class Setup:
     logs: Path
     spec: Spec
     job_id: object
-    toolchain_key: str
+    toolchain: Keyed
+
+    @property
+    def toolchain_key(self) -> str:
+        return self.toolchain.key
+
+    def manifest_written(self, spec: Spec) -> bool:
+        try:
+            self.store.get_object(manifest_object_key(spec.key(), self.toolchain.key))
+        except BlobNotFoundError:
+            return False
+        return True
 
 
 @pytest.fixture
@@ -68,12 +80,10 @@ def setup(pg_url: str, tmp_path: Path, tiny_model_dir: Path) -> Iterator[Callabl
             signatures = [s for s in plan_spec(spec).signatures if s.compile != "eager"][:1]
         else:
             signatures = eager_signatures(eager_count)
-        toolchain = current_toolchain("inductor", "cpu")
+        toolchain = Keyed.of(current_toolchain("inductor", "cpu"))
         engine = make_engine(pg_url)
         engines.append(engine)
-        job = TaskQueue(engine).submit_job(
-            Keyed.of(spec), Keyed.of(toolchain), [Keyed.of(s) for s in signatures]
-        )
+        job = TaskQueue(engine).submit_job(Keyed.of(spec), toolchain, [Keyed.of(s) for s in signatures])
         assert len(job.enqueued) == len(signatures)
         (tmp_path / "faults").mkdir()
         (tmp_path / "logs").mkdir()
@@ -86,7 +96,7 @@ def setup(pg_url: str, tmp_path: Path, tiny_model_dir: Path) -> Iterator[Callabl
             logs=tmp_path / "logs",
             spec=spec,
             job_id=job.job_id,
-            toolchain_key=toolchain.key(),
+            toolchain=toolchain,
         )
 
     yield make
@@ -94,14 +104,14 @@ def setup(pg_url: str, tmp_path: Path, tiny_model_dir: Path) -> Iterator[Callabl
         engine.dispose()
 
 
-def spec_of(model_dir: Path) -> Spec:
+def spec_of(model_dir: Path, max_length: int = 32) -> Spec:
     return load_spec(
         {
             "trainer": "sft",
             "model": str(model_dir),
             "args": {
                 "per_device_train_batch_size": 2,
-                "max_length": 32,
+                "max_length": max_length,
                 "pad_to_multiple_of": 32,
                 "torch_compile": True,
                 "bf16": False,
@@ -363,7 +373,9 @@ def test_a_compile_that_crashes_its_process_is_retried_then_fails_with_the_signa
     assert crashes == ["crash-0-SEGV", "crash-1-ABRT"]
     [task] = tasks(s.engine)
     assert task.state == m.TaskState.failed and task.attempts == 2, task
-    assert "SIGABRT" in task.error, task.error  # the last attempt's crash, by name
+    # The last attempt's crash, by name; the log tail is the dead run's own output.
+    assert "the run was killed by SIGABRT" in task.error, task.error
+    assert task.log_tail
     status = Repository(s.engine).job_status(s.job_id)
     assert status.state == "failed"
     assert status.signatures[0].error == task.error
@@ -394,12 +406,47 @@ def test_a_rehearsal_supervisor_that_crashes_is_retried_then_fails_with_the_sign
     assert len(list(s.faults.glob("supervisor-crash-*"))) == 3
     [task] = tasks(s.engine)
     assert task.state == m.TaskState.failed and task.attempts == 3, task
-    assert "SIGSEGV" in task.error, task.error
+    assert "the rehearsal supervisor was killed by SIGSEGV before planning" in task.error, task.error
     assert Repository(s.engine).job_status(s.job_id).state == "failed"
     record(
         Row(
             scenario="worker: rehearsal supervisor crashes (SIGSEGV)",
             faults_injected=3,
             jobs_failed_with_reason=1,
+        )
+    )
+
+
+# --- a failed manifest write after the task is done ----------------------------------------------
+
+
+def test_a_manifest_that_cannot_be_written_does_not_fail_the_done_task_or_stop_the_worker(setup, workers):
+    s = setup()
+    other_spec = spec_of(Path(s.spec.model), max_length=64)
+    other_job = TaskQueue(s.engine).submit_job(
+        Keyed.of(other_spec), s.toolchain, [Keyed.of(eager_signatures(2)[1])]
+    )
+    worker = WorkerProcess(
+        s, "worker", {**fake_artifacts(), "WARMUP_FAULT_FAIL_MANIFEST": "1"}, "--exit-when-idle"
+    )
+    workers.append(worker)
+    assert worker.wait(180) == 0, worker.log
+    assert (s.faults / "manifest-failed-1").exists()
+    assert "were not published" in worker.log
+    rows = tasks(s.engine)
+    assert [(t.state, t.attempts) for t in rows] == [(m.TaskState.done, 1)] * 2, rows
+    repository = Repository(s.engine)
+    assert repository.job_status(s.job_id).state == "ready"
+    assert repository.job_status(other_job.job_id).state == "ready"
+    audit = audit_store(s.engine, s.store)
+    assert audit.lost == 0 and audit.entries == 2
+    # The first job's manifest write failed (pods pull it through the API); the second one's landed.
+    assert [s.manifest_written(spec) for spec in (s.spec, other_spec)].count(True) == 1
+    record(
+        Row(
+            scenario="worker: manifest write fails (ENOSPC)",
+            faults_injected=1,
+            jobs_completed=2,
+            data_lost=audit.lost,
         )
     )

@@ -18,6 +18,8 @@ product code stays free of test hooks; these only wrap it from outside.
   WARMUP_FAULT_HOLD_HEARTBEAT=1  the heartbeat thread, right after its UPDATE of the task ran inside
                                  its transaction (row locked, not committed), touches `heartbeat`
                                  and waits for `go-heartbeat`
+  WARMUP_FAULT_FAIL_MANIFEST=N   the first N manifests the worker writes into the store fail with
+                                 ENOSPC (a full disk), after the task that completed the job is done
   WARMUP_FAULT_CRASH_COMPILE=SIG a rehearsal run (the supervisor's forked child) dies the moment
                                  Inductor starts compiling: SEGV (a real NULL dereference) or ABRT;
                                  "SEGV,ABRT" takes them in turn, one per attempt, counted in the dir
@@ -102,6 +104,24 @@ def _hold_upload(count: int) -> None:
     os.fsync = fsync
 
 
+def _fail_manifests(count: int) -> None:
+    import errno
+
+    from warmup.store import LocalBlobStore
+
+    real_put_object = LocalBlobStore.put_object
+    failed = [0]
+
+    def put_object(self, key: str, data: bytes) -> None:  # type: ignore[no-untyped-def]
+        if failed[0] < count:
+            failed[0] += 1
+            _touch(f"manifest-failed-{failed[0]}")
+            raise OSError(errno.ENOSPC, "No space left on device (injected)", key)
+        real_put_object(self, key, data)
+
+    LocalBlobStore.put_object = put_object  # type: ignore[method-assign]
+
+
 def _hold_heartbeat() -> None:
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
@@ -154,6 +174,8 @@ def _install() -> None:
             _wrap_rehearse()
         if os.environ.get("WARMUP_FAULT_HOLD_UPLOAD"):
             _hold_upload(int(os.environ["WARMUP_FAULT_HOLD_UPLOAD"]))
+        if os.environ.get("WARMUP_FAULT_FAIL_MANIFEST"):
+            _fail_manifests(int(os.environ["WARMUP_FAULT_FAIL_MANIFEST"]))
         if os.environ.get("WARMUP_FAULT_HOLD_HEARTBEAT"):
             _hold_heartbeat()
     if is_supervisor:
