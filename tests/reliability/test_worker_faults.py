@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 
 from tests.reliability.audit import audit_store
 from tests.reliability.ledger import Row, record
@@ -35,6 +35,7 @@ from warmup.db.manifests import manifest_object_key
 from warmup.db.queue import TaskQueue
 from warmup.db.records import Keyed
 from warmup.db.repository import Repository
+from warmup.db.retention import collect_garbage
 from warmup.errors import BlobNotFoundError
 from warmup.planner import plan_spec
 from warmup.signature import Signature
@@ -274,6 +275,15 @@ def test_sigkill_mid_upload_another_worker_finishes_and_nothing_points_at_a_miss
     files = entry_files(s.engine)
     assert len(files) == 3 and all(s.store.has(f.blob_sha256) for f in files)
     assert Repository(s.engine).job_status(s.job_id).state == "ready"
+    # What the dead worker left (its own build log's blob) is unreferenced: once its reservation
+    # runs out (six hours; moved here), garbage collection takes it and nothing an entry needs.
+    referenced = {f.blob_sha256 for f in files}
+    leftovers = {r.sha256 for r in reserved} - referenced
+    assert len(leftovers) == 1 and all(s.store.has(sha) for sha in leftovers)
+    with s.engine.begin() as connection:
+        connection.execute(update(m.Blob).values(reserved_until=db_now(-1.0)))
+    report = collect_garbage(s.engine, s.store)
+    assert report.blobs_deleted == 1 and not any(s.store.has(sha) for sha in leftovers)
     lost = assert_nothing_lost(s)
     record(Row(scenario="worker: SIGKILL mid-upload", faults_injected=1, jobs_completed=1, data_lost=lost))
 
