@@ -460,3 +460,35 @@ def test_a_manifest_that_cannot_be_written_does_not_fail_the_done_task_or_stop_t
             data_lost=audit.lost,
         )
     )
+
+
+# --- a task whose every attempt is killed --------------------------------------------------------
+
+
+def test_a_task_whose_every_worker_is_killed_fails_with_the_reason_after_its_attempts(setup, workers):
+    s = setup()
+    attempts = "2"
+    owners = []
+    for number in (1, 2):
+        (s.faults / "rehearsing").unlink(missing_ok=True)
+        worker = WorkerProcess(
+            s, f"killed-{number}", {"WARMUP_FAULT_HOLD_REHEARSAL": "1"}, "--max-attempts", attempts
+        )
+        workers.append(worker)
+        wait_for(lambda: (s.faults / "rehearsing").exists(), 180, f"worker {number} to rehearse", worker)
+        owners.append(tasks(s.engine)[0].lease_owner)
+        worker.signal(signal.SIGKILL)
+        assert worker.wait(30) == -signal.SIGKILL
+        wait_for(lambda: lease_expired(s.engine), 30, "the lease to run out")
+
+    last = WorkerProcess(s, "last", {}, "--max-attempts", attempts, "--exit-when-idle")
+    workers.append(last)
+    assert last.wait(180) == 0, last.log  # nothing for it: the task is out of attempts
+    [task] = tasks(s.engine)
+    assert task.state == m.TaskState.failed and task.attempts == 2, task
+    assert owners[0] != owners[1]
+    assert task.error == f"gave up: the lease of worker {owners[1]} expired on the last attempt"
+    status = Repository(s.engine).job_status(s.job_id)
+    assert status.state == "failed" and status.signatures[0].error == task.error
+    assert entry_files(s.engine) == []
+    record(Row(scenario="worker: SIGKILL on every attempt", faults_injected=2, jobs_failed_with_reason=1))
