@@ -125,7 +125,8 @@ def rehearse(
     given); `grouping` runs the training steps of several signatures in one process (as a cold
     training run compiles them) instead of one process each. Raises RehearsalError when the
     signatures cannot be rehearsed at all (unsupported trainer, a shape the spec cannot produce).
-    Setting `cancel` stops the runs (a worker shutting down): unfinished signatures come back failed.
+    Setting `cancel` stops the runs (a worker shutting down): unfinished signatures come back failed,
+    as they do when a run or the supervisor crashes (the note names the signal).
     """
     if not signatures:
         return []
