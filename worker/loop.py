@@ -177,6 +177,7 @@ class Worker:
         try:
             result = self._rehearse(Spec.model_validate(task.spec.data), signature, work, heartbeat)
             if heartbeat.lost.is_set():
+                log.warning("%s: lost its lease during the rehearsal; dropped, publishing nothing", label)
                 return TaskOutcome(
                     task.id,
                     signature.shape_label,
@@ -188,7 +189,8 @@ class Worker:
                 self.queue.release(task.id, self.options.worker_id)
                 return TaskOutcome(task.id, signature.shape_label, "released", time.monotonic() - started)
             return self._record(task, signature, result, started)
-        except LeaseLostError as error:
+        except LeaseLostError as error:  # frozen or cut off past the lease: another worker has it
+            log.warning("%s: dropped, its result unrecorded: %s", label, error)
             return TaskOutcome(task.id, signature.shape_label, "lost", time.monotonic() - started, str(error))
         except WarmupError as error:  # refused before compiling (unsupported, impossible shape): final
             log.warning("%s cannot be rehearsed: %s", label, error)
@@ -271,7 +273,12 @@ class Worker:
             len(refs),
             result.compile_seconds,
         )
-        self._publish_ready_manifests(task.signature_key, task.toolchain_key)
+        try:
+            self._publish_ready_manifests(task.signature_key, task.toolchain_key)
+        except Exception:  # best effort, after the task is done: it must not count as a failed task
+            log.exception(
+                "task %d: done, but the manifests of the jobs it completed were not published", task.id
+            )
         return TaskOutcome(task.id, signature.shape_label, "done", elapsed, result.note)
 
     def _publish_ready_manifests(self, signature_key: str, toolchain_key: str) -> None:

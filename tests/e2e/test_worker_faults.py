@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from tests.reliability.audit import audit_store
+from tests.reliability.ledger import Row, record
 from warmup.db import models as m
 from warmup.db.engine import make_engine
 from warmup.db.migrate import upgrade
@@ -20,6 +22,7 @@ from warmup.db.records import Keyed
 from warmup.db.repository import Repository
 from warmup.planner import plan_spec
 from warmup.spec import load_spec
+from warmup.store import open_store
 from warmup.toolchain import current_toolchain
 
 pytestmark = pytest.mark.slow
@@ -99,7 +102,17 @@ def test_a_worker_killed_mid_compile_loses_its_lease_and_another_finishes(tmp_pa
         [status.signatures[0].key], current_toolchain("inductor", "cpu").key()
     )
     assert entries and entries[status.signatures[0].key].files  # compiled artifacts, uploaded
+    audit = audit_store(engine, open_store(str(tmp_path / "blobs")))
+    assert audit.lost == 0 and audit.files > 0
     engine.dispose()
+    record(
+        Row(
+            scenario="worker: SIGKILL mid-compile (real compile)",
+            faults_injected=1,
+            jobs_completed=1,
+            data_lost=audit.lost,
+        )
+    )
 
 
 def test_sigterm_mid_compile_releases_the_task(tmp_path, tiny_model_dir):

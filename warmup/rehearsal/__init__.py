@@ -125,7 +125,8 @@ def rehearse(
     given); `grouping` runs the training steps of several signatures in one process (as a cold
     training run compiles them) instead of one process each. Raises RehearsalError when the
     signatures cannot be rehearsed at all (unsupported trainer, a shape the spec cannot produce).
-    Setting `cancel` stops the runs (a worker shutting down): unfinished signatures come back failed.
+    Setting `cancel` stops the runs (a worker shutting down): unfinished signatures come back failed,
+    as they do when a run or the supervisor crashes (the note names the signal).
     """
     if not signatures:
         return []
@@ -334,9 +335,17 @@ class _Session:
             raise _supervisor_error(error)
         if self.plan is None:
             log = _tail(self.root / "supervisor.log")
-            raise RehearsalError(
-                "the rehearsal supervisor stopped before planning; its log:\n" + log, log=log
-            )
+            reason = f"the rehearsal supervisor {_exit_description(process.returncode)} before planning"
+            if not self.signatures:  # rehearse_spec: nothing to report a result for
+                raise RehearsalError(f"{reason}; its log:\n{log}", log=log)
+            # A crash (a signal, the OOM killer) is a failed attempt that may go better next time, not
+            # a refusal of these signatures: a worker retries failed results, but not RehearsalError.
+            for signature in self.signatures:
+                key = signature.key()
+                self.results[key] = SignatureResult(
+                    key=key, signature=signature, status="failed", note=reason, log_tail=log
+                )
+            return
         supervisor = {"log": self.root / "supervisor.log", "cache": self.root}
         for unit in self.plan.units:  # units the supervisor never finished (it died or ran out of time)
             if unit.keys[0] not in self.results:
@@ -380,10 +389,14 @@ class _Session:
         outcome = _read_json(paths["result"])
         if outcome is None:
             self._record(
-                unit, "failed", paths, shared, note=f"the run crashed (exit code {event['exit_code']})"
+                unit,
+                "failed",
+                paths,
+                shared,
+                note=f"the run {_exit_description(event['exit_code'])} without writing its result",
             )
         elif outcome.get("status") != "ok" or event["exit_code"] != 0:
-            note = str(outcome.get("error") or f"exit code {event['exit_code']}")
+            note = str(outcome.get("error") or f"the run {_exit_description(event['exit_code'])}")
             self._record(unit, "failed", paths, shared, note=note)
         else:
             files = self._collect(paths["cache"])
@@ -461,6 +474,16 @@ def _supervisor_error(event: dict[str, Any]) -> WarmupError:
         with contextlib.suppress(TypeError):
             return cls(event["message"])
     return RehearsalError(event["message"])
+
+
+def _exit_description(code: int | None) -> str:
+    """How a process ended, naming the signal that killed it (a negative code from Popen/waitpid)."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
