@@ -6,6 +6,8 @@ faults injected, jobs completed (and failed with a recorded reason), data lost, 
 so a table is only printed for a green run.
 
     python benchmarks/reliability_figures.py [extra pytest args]
+    python benchmarks/reliability_figures.py --ledger FILE   # the table of a run made with
+                                                             # WARMUP_RELIABILITY_LEDGER=FILE (e.g. CI's)
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def table(rows: list[Row]) -> str:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--ledger"]:
+        print(table(read(Path(sys.argv[2]))))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         ledger = Path(tmp) / "ledger.jsonl"
         env = {**os.environ, LEDGER_ENV: str(ledger)}
