@@ -96,7 +96,7 @@ class FaultProxy:
         server.shutdown()
         server.server_close()
         for connection in list(server.connections):
-            _reset(connection)
+            _reset(connection, wake=True)
         if self._thread is not None:
             self._thread.join(timeout=10)
 
@@ -124,10 +124,13 @@ def fault_proxy(upstream: str, **options: Any) -> Iterator[FaultProxy]:
         proxy.close()
 
 
-def _reset(sock: socket.socket) -> None:
-    """Close with RST instead of FIN: the peer sees 'connection reset by peer'."""
+def _reset(sock: socket.socket, *, wake: bool = False) -> None:
+    """Close with RST instead of FIN: the peer sees 'connection reset by peer'. With `wake`, from
+    another thread: shutdown() first, or the handler's blocked read would keep the socket open."""
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        if wake:
+            sock.shutdown(socket.SHUT_RDWR)
         sock.close()
     except OSError:
         pass
@@ -166,6 +169,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _relay(self) -> None:
         proxy = self.server.proxy
         body = self._read_body()
+        if proxy._server is not self.server:  # went down while this request came in
+            self.close_connection = True
+            _reset(self.connection)
+            return
         fault = proxy._next_fault()
         if proxy.latency_s:
             time.sleep(proxy.latency_s)
