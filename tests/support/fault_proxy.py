@@ -57,7 +57,7 @@ class FaultProxy:
         self.requests = 0
         self.faults = 0
         self.faults_by_kind = {"503": 0, "reset": 0}
-        self.refused_while_down = 0  # not counted by the proxy: the kernel refuses them
+        self.latencies_ms: list[float] = []  # of each request through the proxy, as its client saw it
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -76,6 +76,12 @@ class FaultProxy:
         with self._lock:
             self.requests = self.faults = 0
             self.faults_by_kind = {"503": 0, "reset": 0}
+            self.latencies_ms = []
+
+    def p99_ms(self) -> float | None:
+        """The 99th percentile of the request latencies (nearest rank); None before any request."""
+        ordered = sorted(self.latencies_ms)
+        return round(ordered[max(0, -(-len(ordered) * 99 // 100) - 1)], 1) if ordered else None
 
     def come_up(self) -> None:
         """Listen (again, on the same port once it had one)."""
@@ -167,6 +173,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
     def _relay(self) -> None:
+        started = time.monotonic()
+        try:
+            self._relay_one()
+        finally:
+            self.server.proxy.latencies_ms.append((time.monotonic() - started) * 1000)
+
+    def _relay_one(self) -> None:
         proxy = self.server.proxy
         body = self._read_body()
         if proxy._server is not self.server:  # went down while this request came in
