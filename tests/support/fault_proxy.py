@@ -4,9 +4,11 @@ Point the store's endpoint (AWS_ENDPOINT_URL) at `proxy.url`: every request goes
 upstream server, with the Host header left as the client sent it (SigV4 signs it, and presigned URLs
 name the proxy). Faults are deterministic counters, never random, so a failing run can be replayed:
 
-- `fail_every = n`: request n, 2n, 3n ... fails. Faults take turns between a 503 SlowDown answer
-  (the request never reaches S3) and a connection reset halfway through the real response (the
-  request did reach S3: what a dropped connection looks like to the client).
+- `fail_every = n`: request n, 2n, 3n ... fails. Faults take turns between three kinds: a 503
+  SlowDown answer (the request never reaches S3), a connection reset halfway through the real
+  response, and a reset before any answer after S3 did the work. Three kinds, not two: with two,
+  the kind's parity locks onto clients that alternate requests (HEAD then GET), and resets would
+  only ever hit the HEADs.
 - `latency_s`: every request waits this long before it is forwarded (a slow or far-away S3).
 - `go_down()` / `come_up()`: the port stops listening and open connections are reset (S3 unreachable:
   connection refused), then listens again on the same port.
@@ -42,6 +44,7 @@ HOP_BY_HOP = frozenset(
         "expect",
     }
 )
+KINDS = ("503", "reset", "cut")
 SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate (injected by the test's fault proxy).</Message></Error>"
@@ -56,7 +59,8 @@ class FaultProxy:
         self.latency_s = latency_s
         self.requests = 0
         self.faults = 0
-        self.faults_by_kind = {"503": 0, "reset": 0}
+        self.faults_by_kind = dict.fromkeys(KINDS, 0)
+        self.fault_log: list[tuple[str, str]] = []  # (kind, HTTP method) of each fault
         self.latencies_ms: list[float] = []  # of each request through the proxy, as its client saw it
         self._lock = threading.Lock()
         self._server: _Server | None = None
@@ -75,7 +79,8 @@ class FaultProxy:
     def reset_counts(self) -> None:
         with self._lock:
             self.requests = self.faults = 0
-            self.faults_by_kind = {"503": 0, "reset": 0}
+            self.faults_by_kind = dict.fromkeys(KINDS, 0)
+            self.fault_log = []
             self.latencies_ms = []
 
     def p99_ms(self) -> float | None:
@@ -109,15 +114,16 @@ class FaultProxy:
     def close(self) -> None:
         self.go_down()
 
-    def _next_fault(self) -> str | None:
+    def _next_fault(self, method: str) -> str | None:
         """Count a request; which fault it gets, if any."""
         with self._lock:
             self.requests += 1
             if not self.fail_every or self.requests % self.fail_every:
                 return None
+            kind = KINDS[self.faults % len(KINDS)]
             self.faults += 1
-            kind = "503" if self.faults % 2 else "reset"
             self.faults_by_kind[kind] += 1
+            self.fault_log.append((kind, method))
             return kind
 
 
@@ -186,7 +192,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             _reset(self.connection)
             return
-        fault = proxy._next_fault()
+        fault = proxy._next_fault(self.command)
         if proxy.latency_s:
             time.sleep(proxy.latency_s)
         if fault == "503":
@@ -198,9 +204,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._drop_upstream()
             self._answer(502, "Bad Gateway", [], b"")
             return
-        if fault == "reset":
+        if fault in ("reset", "cut"):  # halfway through the answer, or before any of it
             raw = self._head(status, reason, headers, payload) + (b"" if self.command == "HEAD" else payload)
-            self.wfile.write(raw[: len(raw) // 2])
+            self.wfile.write(raw[: len(raw) // 2] if fault == "reset" else b"")
             self.wfile.flush()
             self.close_connection = True
             _reset(self.connection)
