@@ -275,6 +275,10 @@ class S3BlobStore(BlobStore):
             endpoint_url=endpoint_url,
             config=Config(
                 signature_version="s3v4",
+                # Measured through tests/support/fault_proxy.py failing every 5th request (503, resets),
+                # 100 uploads + 100 reads on 8 threads: standard/3 and legacy/5 both lose nothing,
+                # standard/2 fails 3 ops. The losses once blamed on the retry mode were blob bodies
+                # breaking mid-read, which no botocore mode retries: _ResumingReader resumes those.
                 retries={"mode": "standard", "max_attempts": 3},
                 connect_timeout=10,
                 read_timeout=120,
