@@ -372,7 +372,7 @@ class S3BlobStore(BlobStore):
             raise BlobIntegrityError(
                 f"{path} has sha256 {actual}, not {sha256}; it changed or is not that blob"
             )
-        if self.has(actual):
+        if sha256 is None and self.has(actual):  # a given sha256 was looked up above
             return False
         with self._errors(f"upload of {actual}"):
             self.client.upload_file(
