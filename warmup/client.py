@@ -243,7 +243,7 @@ class HttpBlobSource:
     def open(self, file: ManifestFile) -> Iterator[Iterator[bytes]]:
         url = file.url or f"{self.server}/v1/blobs/{file.sha256}"
         headers = {} if file.url else self.headers
-        what = f"download of blob {file.sha256[:12]} failed"
+        what = f"download of blob {file.sha256[:12]} from {urllib.parse.urlsplit(url).netloc} failed"
         if _proxied(url):
             with self.http.stream("GET", url, headers=headers) as response:
                 if response.status_code >= 400:
@@ -431,8 +431,8 @@ def pull(
     target = spec.target
     computed = toolchain is None
     if computed:
-        toolchain = remembered_toolchain(
-            target.backend, target.device, world_size=target.world_size, directory=dest
+        toolchain = remembered_toolchain(  # written into dest only once the pull has succeeded
+            target.backend, target.device, world_size=target.world_size, directory=dest, remember=False
         )
     toolchain = toolchain if isinstance(toolchain, Toolchain) else Toolchain.model_validate(toolchain)
     options = {
@@ -649,6 +649,7 @@ def install(
         check_relative_path(file.path)
         _refuse_symlinks(dest, file.path)
     files = _unique_paths(manifest.files)
+    made_dest = not dest.exists()  # a failed install removes it again: nothing is left behind
     dest.mkdir(parents=True, exist_ok=True)
     index = _Index.load(dest)
     result = PullResult(manifest=manifest, dest=dest)
@@ -710,14 +711,23 @@ def install(
             index.save(dest)
         with contextlib.suppress(OSError):
             temp_dir.rmdir()
+        if made_dest and result.failures:
+            with contextlib.suppress(OSError):
+                dest.rmdir()
     result.seconds = time.monotonic() - started
     if result.failures:
         path, error = result.failures[0]
         kind = type(error) if isinstance(error, WarmupError) else StoreError
-        if kind is TransientDownloadError:
+        remedy = ""
+        if kind is TransientDownloadError or _retryable(error):
             kind = StoreError
+            remedy = (
+                f" (tried {attempts} times: check that the blob store is up and reachable from here, "
+                "then pull again)"
+            )
         raise kind(
-            f"{len(result.failures)} of {len(todo)} file(s) failed, nothing was installed; first: {path}: {error}"
+            f"{len(result.failures)} of {len(todo)} file(s) failed, nothing was installed; first: {path}: "
+            f"{error}{remedy}"
         )
     report()
     return result

@@ -289,7 +289,12 @@ TOOLCHAIN_MEMO = ".warmup-toolchain.json"
 
 
 def remembered_toolchain(
-    backend: str, device: str, *, world_size: int = 1, directory: str | os.PathLike[str] | None = None
+    backend: str,
+    device: str,
+    *,
+    world_size: int = 1,
+    directory: str | os.PathLike[str] | None = None,
+    remember: bool = True,
 ) -> Toolchain:
     """`current_toolchain`, remembered in `directory` under a key of facts that cost no torch import.
 
@@ -297,7 +302,8 @@ def remembered_toolchain(
     before every training start. The key holds everything the toolchain is made of, read cheaply:
     the interpreter, package versions, the size and mtime of every torch source file (what
     `torch_key` hashes), the CPU's flags and the compile-relevant environment. Any change recomputes.
-    Neuron toolchains (instance facts from the runtime) are always computed.
+    Neuron toolchains (instance facts from the runtime) are always computed. With `remember=False`
+    a computed toolchain is not written (a pull writes it once it has succeeded: `remember_toolchain`).
     """
     facts = (
         _cheap_facts(backend, device, world_size) if directory is not None and device != "neuron" else None
@@ -311,7 +317,7 @@ def remembered_toolchain(
         except (OSError, ValueError, KeyError, TypeError):
             pass
     toolchain = current_toolchain(backend, device, world_size=world_size)
-    if facts is not None and memo is not None and memo.parent.is_dir():  # never create a directory for it
+    if remember and facts is not None and memo is not None and memo.parent.is_dir():  # never create a dir
         _write_memo(memo, facts, toolchain)
     return toolchain
 

@@ -32,7 +32,7 @@ from warmup.db.outage import Outage, riding_out
 from warmup.db.queue import RetryStrategy, TaskQueue
 from warmup.db.records import ClaimedTask, FileRef, Keyed
 from warmup.db.repository import Repository, pool_entry
-from warmup.errors import LeaseLostError, RehearsalError, WarmupError
+from warmup.errors import LeaseLostError, RehearsalError, StoreError, WarmupError
 from warmup.logs import log_context
 from warmup.signature import Signature
 from warmup.spec import Spec
@@ -192,6 +192,11 @@ class Worker:
         except LeaseLostError as error:  # frozen or cut off past the lease: another worker has it
             log.warning("%s: dropped, its result unrecorded: %s", label, error)
             return TaskOutcome(task.id, signature.shape_label, "lost", time.monotonic() - started, str(error))
+        except StoreError as error:  # the upload failed (store away or failing): retried like a crash
+            log.warning("%s: uploading its artifacts failed: %s", label, error)
+            state = self.queue.fail(task.id, self.options.worker_id, f"{type(error).__name__}: {error}")
+            status = "retry" if state == "queued" else "failed"
+            return TaskOutcome(task.id, signature.shape_label, status, time.monotonic() - started, str(error))
         except WarmupError as error:  # refused before compiling (unsupported, impossible shape): final
             log.warning("%s cannot be rehearsed: %s", label, error)
             self.queue.fail(task.id, self.options.worker_id, f"{type(error).__name__}: {error}", retry=False)
