@@ -23,8 +23,10 @@ class Row:
     jobs_failed_with_reason: int = 0
     data_lost: int = 0
     bad_inputs: int = 0
-    responses_5xx: int = 0
-    requests: int = 0
+    # 5xx answered by our service (never counted: 503s a fault injector made up); None: the
+    # scenario made no requests to the service
+    responses_5xx: int | None = None
+    requests: int = 0  # requests the scenario made (to the service, or to the store through a fault proxy)
     p99_ms: float | None = None
 
 

@@ -230,7 +230,6 @@ def test_worker_uploads_through_a_store_failing_one_request_in_five(
             faults_injected=proxy.faults,
             jobs_completed=1,
             data_lost=audit.lost,
-            responses_5xx=proxy.faults_by_kind["503"],
             requests=proxy.requests,
             p99_ms=proxy.p99_ms(),
         )
@@ -407,7 +406,6 @@ def test_pod_pulls_through_a_store_failing_one_request_in_five(
             scenario=f"store: pod pull ({'presigned URLs from the API' if via == 'api' else '--from the bucket'}), S3 fails 1 request in 5",
             faults_injected=proxy.faults,
             jobs_completed=1,
-            responses_5xx=proxy.faults_by_kind["503"],
             requests=proxy.requests,
             p99_ms=proxy.p99_ms(),
         )
