@@ -32,7 +32,7 @@ def table(rows: list[Row]) -> str:
     lines = ["| " + " | ".join(h.replace("_", " ") for h in header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         p99 = f"{row.p99_ms:.0f}" if row.p99_ms is not None else ""
-        counts = ["–" if getattr(row, c) is None else str(getattr(row, c)) for c in COUNTS]
+        counts = ["n/a" if getattr(row, c) is None else str(getattr(row, c)) for c in COUNTS]
         lines.append("| " + " | ".join([row.scenario, *counts, p99]) + " |")
     totals = [str(sum(getattr(r, c) or 0 for r in rows)) for c in COUNTS]
     lines.append("| **total** | " + " | ".join(f"**{t}**" for t in totals) + " | |")
