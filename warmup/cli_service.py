@@ -448,6 +448,7 @@ def cmd_gc(ns: argparse.Namespace) -> int:
         engine.dispose()
     print(
         f"expired {expired} entries unused for {ns.unused_days:g} days; deleted {report.blobs_deleted} "
-        f"blobs ({report.bytes_freed} bytes); adopted {report.orphans_adopted} orphaned store objects"
+        f"blobs ({report.bytes_freed} bytes); adopted {report.orphans_adopted} orphaned store objects; "
+        f"removed {report.stale_uploads_removed} files of cut-off uploads"
     )
     return 0

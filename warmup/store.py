@@ -96,6 +96,12 @@ class BlobStore(ABC):
     def delete(self, sha256: str) -> None:
         """Remove a blob; absent blobs are fine."""
 
+    def remove_stale_uploads(self, older_than: datetime) -> int:
+        """Remove what uploads cut off before `older_than` left behind; returns how many. Nothing by
+        default: S3 never shows a half-written object (a bucket lifecycle rule aborts stale multipart
+        uploads)."""
+        return 0
+
     @abstractmethod
     def iter_blobs(self) -> Iterator[BlobInfo]:
         """Every blob in the store (for retention), in no particular order."""
@@ -224,6 +230,16 @@ class LocalBlobStore(BlobStore):
                     with suppress(FileNotFoundError):  # deleted while we looked
                         stat = path.stat()
                         yield BlobInfo(path.name, stat.st_size, datetime.fromtimestamp(stat.st_mtime, UTC))
+
+    def remove_stale_uploads(self, older_than: datetime) -> int:
+        """The `.tmp-*` files of writers killed mid-upload (younger ones may still be written)."""
+        removed = 0
+        for tmp in (self.root / BLOBS).glob(".tmp-*"):
+            with suppress(FileNotFoundError):
+                if datetime.fromtimestamp(tmp.stat().st_mtime, UTC) < older_than:
+                    tmp.unlink()
+                    removed += 1
+        return removed
 
     def put_object(self, key: str, data: bytes) -> None:
         dest = self.root / _document_key(key)

@@ -112,6 +112,19 @@ def test_orphaned_objects_are_adopted_then_collected(
     assert not store.has(ref.sha256) and blob_rows(db_engine) == set()
 
 
+def test_the_temp_files_of_cut_off_uploads_go_once_old(db_engine: Engine, store: LocalBlobStore) -> None:
+    (store.root / "blobs").mkdir(parents=True)
+    cut_off = store.root / "blobs" / ".tmp-killed-mid-upload"  # what a worker killed mid-upload leaves
+    cut_off.write_bytes(b"half a blob")
+    in_progress = store.root / "blobs" / ".tmp-being-written"
+    in_progress.write_bytes(b"a blob being")
+    os.utime(cut_off, (1_000_000_000, 1_000_000_000))
+
+    report = collect_garbage(db_engine, store)
+    assert report.stale_uploads_removed == 1
+    assert not cut_off.exists() and in_progress.exists()
+
+
 def test_a_reservation_is_never_shortened(db_engine: Engine) -> None:
     queue = TaskQueue(db_engine)
     ref = factories.fake_files(1, count=1)[0]

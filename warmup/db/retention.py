@@ -9,7 +9,8 @@ Safety rules, so that garbage collection never removes a blob that is about to b
 - A blob's row is deleted, and then its object, inside one transaction: a worker reserving the same
   blob meanwhile waits for the row lock, finds the object gone afterwards and uploads it again.
 - Objects in the store without a row (a crash, a reset database) are adopted as already-expired
-  rows, and then go through the same path.
+  rows, and then go through the same path; the temp files of uploads cut off by a crash go once they
+  are as old as a reservation.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class GarbageReport:
     blobs_deleted: int
     orphans_adopted: int
     bytes_freed: int
+    stale_uploads_removed: int = 0
 
 
 def expire_entries(engine: Engine, *, unused_for_s: float, blob_grace_s: float = 3600.0) -> int:
@@ -67,6 +69,7 @@ def collect_garbage(
     database and the store. Store objects older than `orphan_age_s` that have no row are adopted
     first (objects younger than that may belong to an upload in progress)."""
     sessions = make_sessionmaker(engine)
+    stale = store.remove_stale_uploads(datetime.now(UTC) - timedelta(seconds=orphan_age_s))
     adopted = _adopt_orphans(sessions, store, orphan_age_s)
     unreferenced = (
         m.Blob.reserved_until < db_now(),
@@ -91,7 +94,9 @@ def collect_garbage(
             continue
         deleted += 1
         freed += size
-    return GarbageReport(blobs_deleted=deleted, orphans_adopted=adopted, bytes_freed=freed)
+    return GarbageReport(
+        blobs_deleted=deleted, orphans_adopted=adopted, bytes_freed=freed, stale_uploads_removed=stale
+    )
 
 
 def _adopt_orphans(sessions: sessionmaker[Session], store: BlobStore, orphan_age_s: float) -> int:
