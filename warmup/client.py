@@ -205,9 +205,19 @@ def _with_retries(
         else:
             if response.status_code not in RETRYABLE_STATUS or attempt == attempts:
                 return response
+            # A service that says when to come back (503 during a database restart) is believed.
+            delay = max(delay, _retry_after_s(response))
         time.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")
+
+
+def _retry_after_s(response: httpx.Response, cap_s: float = 30.0) -> float:
+    """Retry-After in seconds (the delta form; an HTTP date counts as absent), at most `cap_s`."""
+    try:
+        return min(cap_s, max(0.0, float(response.headers.get("retry-after", 0))))
+    except ValueError:
+        return 0.0
 
 
 # --- where blob bytes come from -----------------------------------------------------------------

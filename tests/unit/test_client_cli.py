@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
+from warmup import client
 from warmup._sitecustomize import DIRECTORY
 from warmup.cli import build_parser
 
@@ -113,3 +115,20 @@ def test_the_sitecustomize_raises_the_limits_and_runs_the_images_own(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["8", "256", "ran"], done.stderr
     assert Path(DIRECTORY / "sitecustomize.py").is_file()
+
+
+def test_the_client_waits_as_long_as_a_503_retry_after_says(monkeypatch):
+    """During a database restart the API answers 503 with Retry-After: the client waits that long
+    (not its own shorter backoff), then gets through."""
+    answers = iter(
+        [
+            httpx.Response(503, headers={"Retry-After": "5"}, json={"error": "database_unavailable"}),
+            httpx.Response(503, headers={"Retry-After": "5"}, json={"error": "database_unavailable"}),
+            httpx.Response(200, json={"status": "ok"}),
+        ]
+    )
+    waits: list[float] = []
+    monkeypatch.setattr(client.time, "sleep", waits.append)
+    service = client.ServiceClient("http://warmup", transport=httpx.MockTransport(lambda _: next(answers)))
+    assert service.request("GET", "/v1/jobs") == {"status": "ok"}
+    assert waits == [5.0, 10.0]  # Retry-After, then doubled backoff from there
