@@ -109,6 +109,9 @@ class Worker:
             }
         self.toolchain = self.toolchains[min(self.toolchains)]
         self.outcomes: list[TaskOutcome] = []
+        # (signature key, toolchain key) of done tasks whose jobs' manifests could not be written into
+        # the bucket (the store was away): tried again whenever the queue is idle.
+        self.unpublished: set[tuple[str, str]] = set()
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -129,6 +132,7 @@ class Worker:
                     break
                 task = self._claim()
                 if task is None:
+                    self._publish_again()
                     if self.options.exit_when_idle:
                         break
                     for size in self.toolchains:
@@ -279,17 +283,32 @@ class Worker:
             result.compile_seconds,
         )
         try:
-            self._publish_ready_manifests(task.signature_key, task.toolchain_key)
+            published = self._publish_ready_manifests(task.signature_key, task.toolchain_key)
         except Exception:  # best effort, after the task is done: it must not count as a failed task
-            log.exception(
-                "task %d: done, but the manifests of the jobs it completed were not published", task.id
-            )
+            log.exception("task %d: done, but publishing the manifests of its jobs failed", task.id)
+            published = False
+        if not published:
+            log.warning("task %d: the manifests of the jobs it completed were not published yet", task.id)
+            self.unpublished.add((task.signature_key, task.toolchain_key))
         return TaskOutcome(task.id, signature.shape_label, "done", elapsed, result.note)
 
-    def _publish_ready_manifests(self, signature_key: str, toolchain_key: str) -> None:
-        """Jobs this task completed get their manifest written into the bucket (best effort)."""
+    def _publish_again(self) -> None:
+        for keys in sorted(self.unpublished):
+            try:
+                published = self._publish_ready_manifests(*keys)
+            except Exception:
+                log.exception("publishing manifests again failed")
+                return
+            if published:
+                self.unpublished.discard(keys)
+                log.info("published the manifests of signature %s's jobs after all", keys[0][:12])
+
+    def _publish_ready_manifests(self, signature_key: str, toolchain_key: str) -> bool:
+        """Jobs this task completed get their manifest written into the bucket (best effort); False
+        if one could not be written."""
         from warmup.planner import plan_spec
 
+        published = True
         toolchain = self._toolchain_of(toolchain_key)
         for job_id, spec_key in self.repository.jobs_needing(signature_key, toolchain_key):
             status = self.repository.job_status(job_id)
@@ -309,12 +328,14 @@ class Worker:
                 if not manifest.missing:
                     publish_manifest(self.store, manifest)
             except WarmupError as error:
+                published = False
                 log.warning(
                     "could not publish the manifest of job %s: %s",
                     job_id,
                     error,
                     extra={"job_id": str(job_id)},
                 )
+        return published
 
 
 class _Heartbeat(threading.Thread):
