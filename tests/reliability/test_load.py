@@ -43,8 +43,10 @@ def check_outcome(result: LoadResult) -> None:
     assert len(jobs_by_spec) == result.config.submissions
     assert all(len(jobs) == 1 for jobs in jobs_by_spec.values()), "an identical spec got two jobs"
     assert len({next(iter(jobs)) for jobs in jobs_by_spec.values()}) == result.config.submissions
-    created = sum(1 for s in result.submissions if s.status == 201)
-    assert created == result.config.submissions  # one 201 per distinct spec, 200 for the repeats
+    # One 201 per new spec; 200 for the repeats and for the spec the pods pull (its job exists, ready).
+    created = {s.spec_index for s in result.submissions if s.status == 201}
+    assert len([s for s in result.submissions if s.status == 201]) == len(created)
+    assert created == set(jobs_by_spec) - {result.pulled_spec_index}
 
 
 def record_figures(result: LoadResult, name: str) -> None:

@@ -174,12 +174,10 @@ class Server:
 
 @contextlib.contextmanager
 def warmup_server(
-    *, database_url: str, store_url: str, data_dir: Path, env: dict[str, str], log_level: str
+    *, url: str, database_url: str, store_url: str, data_dir: Path, env: dict[str, str], log_level: str
 ) -> Iterator[Server]:
-    """`python -m warmup serve --no-worker` on a free port, a fresh process; killed on exit."""
-    from tests.fixtures.services import free_port
-
-    port = free_port()
+    """`python -m warmup serve --no-worker` at `url` (http://127.0.0.1:PORT), a fresh process; stopped on exit."""
+    port = int(url.rsplit(":", 1)[1])
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "server.log"
     command = [
@@ -189,7 +187,7 @@ def warmup_server(
     server_env = {**env, "WARMUP_LOG_LEVEL": log_level.upper(), "PYTHONPATH": str(REPO_ROOT)}
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=server_env)
-    server = Server(f"http://127.0.0.1:{port}", process, log)
+    server = Server(url, process, log)
     try:
         deadline = time.monotonic() + SERVER_START_S
         while True:
@@ -272,7 +270,9 @@ def _run_pod(pod: int, config: dict[str, Any]) -> PodOutcome:
 
     # one attempt: a 5xx on the manifest is an error of this run, not something a retry hides
     client = TimedClient(config["url"], attempts=1, max_connections=config["parallel"])
-    time.sleep(max(0.0, config["start_at"] - time.time()))
+    go, deadline = Path(config["go"]), time.monotonic() + 900
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     started = time.perf_counter()
     try:
         result = pull(
@@ -292,7 +292,7 @@ def _run_pod(pod: int, config: dict[str, Any]) -> PodOutcome:
 
 
 def pod_process_main(config_path: Path) -> None:
-    """Run this process's pods in threads, all starting at `start_at`; print their outcomes as JSON."""
+    """Run this process's pods in threads, all starting when the go file appears; print their outcomes as JSON."""
     config = json.loads(config_path.read_text())
     _counting_blob_source()
     with concurrent.futures.ThreadPoolExecutor(len(config["pods"])) as pool:
@@ -330,6 +330,7 @@ class LoadResult:
     blob_gets: int
     blob_failures: int
     pod_stderr: list[str] = field(default_factory=list)
+    pulled_spec_index: int | None = None  # the distinct submission that repeats the pulled spec, if any
 
     @property
     def errors(self) -> list[str]:
@@ -387,10 +388,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
-def _submit(url: str, index: int, spec_index: int, spec: dict[str, Any], toolchain: dict[str, Any],
-            start_at: float) -> Submission:  # fmt: skip
+def _submit(
+    url: str,
+    index: int,
+    spec_index: int,
+    spec: dict[str, Any],
+    toolchain: dict[str, Any],
+    go: threading.Event,
+) -> Submission:
+    """One submission by a client of its own, sent when `go` is set; no retries."""
     with httpx.Client(timeout=httpx.Timeout(120.0, connect=10.0)) as http:
-        time.sleep(max(0.0, start_at - time.time()))
+        go.wait()
         started = time.perf_counter()
         try:
             response = http.post(f"{url}/v1/warmups", json={"spec": spec, "toolchain": toolchain})
@@ -414,88 +422,125 @@ def run_load(
     store_url: str,
     env: dict[str, str] | None = None,
 ) -> LoadResult:
-    """Publish the warmed cache, start a fresh server, fire the pods and the submissions at once."""
+    """Start a fresh server while the warmed cache is published and the pod processes start; once all
+    are ready, fire the pods and the submissions at once."""
+    from tests.fixtures.services import free_port
+    from warmup.db.migrate import upgrade
+    from warmup.toolchain import Toolchain
+
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO_ROOT)}
+    toolchain_doc = Toolchain(**TOOLCHAIN_FIELDS).model_dump(mode="json")
+    spec_doc = pulled_spec(model)
+    distinct = submission_specs(model, config.submissions)
+    rng = random.Random(7)
+    sent = list(range(len(distinct))) + [rng.randrange(len(distinct)) for _ in range(config.duplicates)]
+    rng.shuffle(sent)
+    url = f"http://127.0.0.1:{free_port()}"
+    go = work / "go"  # created when everything is ready: the burst starts
+
+    pod_runs = []
+    groups = [list(range(config.pods))[i :: config.pod_processes] for i in range(config.pod_processes)]
+    for number, pods in enumerate(g for g in groups if g):
+        pod_config = {
+            "url": url, "spec": spec_doc, "toolchain": toolchain_doc, "pods": pods, "go": str(go),
+            "dest_root": str(work / "pods"), "parallel": config.pod_parallel,
+        }  # fmt: skip
+        path = work / f"pods-{number}.json"
+        path.write_text(json.dumps(pod_config))
+        command = [sys.executable, "-m", "tests.support.load", "pods", str(path)]
+        pod_runs.append(
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT, env=env)
+        )
+    try:
+        upgrade(database_url)  # before the server and the publisher both start on it
+        with concurrent.futures.ThreadPoolExecutor(1) as background:
+            published = background.submit(
+                _publish, config, work, spec_doc, toolchain_doc, database_url, store_url
+            )
+            with warmup_server(
+                url=url,
+                database_url=database_url,
+                store_url=store_url,
+                data_dir=work / "service",
+                env=env,
+                log_level=config.log_level,
+            ) as server:
+                expected = published.result()
+                result = _burst(config, server, go, pod_runs, distinct, sent, toolchain_doc)
+    finally:
+        for run in pod_runs:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    result.expected = expected
+    result.pulled_spec_index = next((i for i, s in enumerate(distinct) if s == spec_doc), None)
+    return result
+
+
+def _publish(
+    config: LoadConfig,
+    work: Path,
+    spec_doc: dict[str, Any],
+    toolchain_doc: dict[str, Any],
+    database_url: str,
+    store_url: str,
+) -> dict[str, str]:
     from api.services import Services
     from api.settings import Settings
     from warmup.spec import load_spec
     from warmup.toolchain import Toolchain
 
-    env = {**os.environ, **(env or {})}
-    toolchain = Toolchain(**TOOLCHAIN_FIELDS)
-    spec_doc = pulled_spec(model)
-    settings = Settings(data_dir=work / "service", database_url=database_url, store_url=store_url, auth="off")
+    settings = Settings(
+        data_dir=work / "publisher", database_url=database_url, store_url=store_url, auth="off"
+    )
     services = Services.start(settings)
     try:
-        expected = publish_warmed_cache(
-            services, load_spec(spec_doc), toolchain, config.files_per_signature, work
-        )
+        spec, toolchain = load_spec(spec_doc), Toolchain.model_validate(toolchain_doc)
+        return publish_warmed_cache(services, spec, toolchain, config.files_per_signature, work)
     finally:
         services.close()
 
-    distinct = submission_specs(model, config.submissions)
-    rng = random.Random(7)
-    sent = list(range(len(distinct))) + [rng.randrange(len(distinct)) for _ in range(config.duplicates)]
-    rng.shuffle(sent)
-    toolchain_doc = toolchain.model_dump(mode="json")
 
-    with warmup_server(
-        database_url=database_url,
-        store_url=store_url,
-        data_dir=work / "service",
-        env=env,
-        log_level=config.log_level,
-    ) as server:
-        cpu_before = server.cpu_seconds()
-        start_at = time.time() + 3.0  # every pod process started and waiting
-        pod_runs = []
-        groups = [list(range(config.pods))[i :: config.pod_processes] for i in range(config.pod_processes)]
-        for number, pods in enumerate(g for g in groups if g):
-            pod_config = {
-                "url": server.url, "spec": spec_doc, "toolchain": toolchain_doc, "pods": pods,
-                "dest_root": str(work / "pods"), "parallel": config.pod_parallel, "start_at": start_at,
-            }  # fmt: skip
-            path = work / f"pods-{number}.json"
-            path.write_text(json.dumps(pod_config))
-            command = [sys.executable, "-m", "tests.support.load", "pods", str(path)]
-            pod_runs.append(
-                subprocess.Popen(
-                    command,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    cwd=REPO_ROOT,
-                    env={**env, "PYTHONPATH": str(REPO_ROOT)},
-                )
-            )
-        with concurrent.futures.ThreadPoolExecutor(max(1, len(sent))) as pool:
-            futures = [
-                pool.submit(
-                    _submit, server.url, index, spec_index, distinct[spec_index], toolchain_doc, start_at
-                )
-                for index, spec_index in enumerate(sent)
-            ]
-            submissions = [f.result() for f in futures]
-        outcomes: list[PodOutcome] = []
-        blob_gets = blob_failures = 0
-        stderr = []
-        for run in pod_runs:
-            out, err = run.communicate(timeout=900)
-            stderr.append(err.decode(errors="replace")[-3000:])
-            if run.returncode != 0:
-                raise RuntimeError(f"a pod process failed ({run.returncode}):\n{stderr[-1]}")
-            report = json.loads(out.decode().strip().splitlines()[-1])
-            outcomes += [PodOutcome(**o) for o in report["pods"]]
-            blob_gets += report["blob_gets"]
-            blob_failures += report["blob_failures"]
-        wall = time.time() - start_at
-        cpu = server.cpu_seconds() - cpu_before
-        counts = server.status_counts()
+def _burst(
+    config: LoadConfig,
+    server: Server,
+    go: Path,
+    pod_runs: list[subprocess.Popen[bytes]],
+    distinct: list[dict[str, Any]],
+    sent: list[int],
+    toolchain_doc: dict[str, Any],
+) -> LoadResult:
+    started = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(sent))) as pool:
+        futures = [
+            pool.submit(_submit, server.url, index, spec_index, distinct[spec_index], toolchain_doc, started)
+            for index, spec_index in enumerate(sent)
+        ]
+        time.sleep(0.5)  # the submitting threads are up and waiting
+        cpu_before, start = server.cpu_seconds(), time.monotonic()
+        go.touch()
+        started.set()
+        submissions = [f.result() for f in futures]
+    outcomes: list[PodOutcome] = []
+    blob_gets = blob_failures = 0
+    stderr = []
+    for run in pod_runs:
+        out, err = run.communicate(timeout=900)
+        stderr.append(err.decode(errors="replace")[-3000:])
+        if run.returncode != 0:
+            raise RuntimeError(f"a pod process failed ({run.returncode}):\n{stderr[-1]}")
+        report = json.loads(out.decode().strip().splitlines()[-1])
+        outcomes += [PodOutcome(**o) for o in report["pods"]]
+        blob_gets += report["blob_gets"]
+        blob_failures += report["blob_failures"]
+    wall = time.monotonic() - start
     return LoadResult(
         config=config,
         pods=sorted(outcomes, key=lambda o: o.pod),
         submissions=submissions,
-        expected=expected,
-        server_counts=counts,
-        server_cpu_s=cpu,
+        expected={},
+        server_counts=server.status_counts(),
+        server_cpu_s=server.cpu_seconds() - cpu_before,
         wall_s=wall,
         blob_gets=blob_gets,
         blob_failures=blob_failures,
