@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import sys
 import tempfile
@@ -58,6 +59,7 @@ def store(kind: str, work: Path) -> Iterator[tuple[str, dict[str, str]]]:
         return
     with seaweedfs(work / "seaweed") as s3:
         s3.client().create_bucket(Bucket="load")
+        os.environ.update(s3.env())  # this process publishes the cache into the bucket too
         yield "s3://load/warmup", s3.env()
 
 
