@@ -331,6 +331,7 @@ class LoadResult:
     blob_failures: int
     pod_stderr: list[str] = field(default_factory=list)
     pulled_spec_index: int | None = None  # the distinct submission that repeats the pulled spec, if any
+    server_log: str = ""
 
     @property
     def errors(self) -> list[str]:
@@ -545,6 +546,7 @@ def _burst(
         blob_gets=blob_gets,
         blob_failures=blob_failures,
         pod_stderr=stderr,
+        server_log=server.log.read_text(errors="replace"),
     )
 
 
