@@ -53,7 +53,7 @@ TOOLCHAIN_FIELDS: dict[str, Any] = {
     "cpu_isa": "avx512",
     "num_threads": 2,
 }
-SERVER_START_S = 120.0
+SERVER_START_S = 300.0  # start-up imports torch and TRL: a minute or more on a busy machine
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,7 @@ class _Downloads:
     lock = threading.Lock()
     opened = 0
     failed = 0
+    reasons: dict[str, int] = {}  # why they failed, by error type and message start
 
 
 def _counting_blob_source() -> None:
@@ -246,9 +247,12 @@ def _counting_blob_source() -> None:
             try:
                 with super().open(file) as chunks:
                     yield chunks
-            except BaseException:
+            except BaseException as error:
+                reason = f"{type(error).__name__}: {str(error)[:120]}"
+                reason = re.sub(r"blob [0-9a-f]{12}", "blob ...", reason)
                 with _Downloads.lock:
                     _Downloads.failed += 1
+                    _Downloads.reasons[reason] = _Downloads.reasons.get(reason, 0) + 1
                 raise
 
     client.HttpBlobSource = CountingBlobSource  # type: ignore[misc]
@@ -301,6 +305,7 @@ def pod_process_main(config_path: Path) -> None:
         "pods": [asdict(o) for o in outcomes],
         "blob_gets": _Downloads.opened,
         "blob_failures": _Downloads.failed,
+        "blob_failure_reasons": _Downloads.reasons,
     }
     print(json.dumps(report))
 
@@ -329,6 +334,7 @@ class LoadResult:
     wall_s: float
     blob_gets: int
     blob_failures: int
+    blob_failure_reasons: dict[str, int] = field(default_factory=dict)
     pod_stderr: list[str] = field(default_factory=list)
     pulled_spec_index: int | None = None  # the distinct submission that repeats the pulled spec, if any
     server_log: str = ""
@@ -378,6 +384,8 @@ class LoadResult:
             f"requests/s over {self.wall_s:.1f} s",
             f"server CPU: {self.server_cpu_s:.1f} s ({100 * self.server_cpu_s / self.wall_s:.0f}% of one core)",
         ]
+        common = sorted(self.blob_failure_reasons.items(), key=lambda item: -item[1])[:5]
+        lines += [f"  blob GET failed {count}x: {reason}" for reason, count in common]
         return "\n".join(lines)
 
 
@@ -524,6 +532,7 @@ def _burst(
         submissions = [f.result() for f in futures]
     outcomes: list[PodOutcome] = []
     blob_gets = blob_failures = 0
+    reasons: dict[str, int] = {}
     stderr = []
     for run in pod_runs:
         out, err = run.communicate(timeout=900)
@@ -534,6 +543,8 @@ def _burst(
         outcomes += [PodOutcome(**o) for o in report["pods"]]
         blob_gets += report["blob_gets"]
         blob_failures += report["blob_failures"]
+        for reason, count in report["blob_failure_reasons"].items():
+            reasons[reason] = reasons.get(reason, 0) + count
     wall = time.monotonic() - start
     return LoadResult(
         config=config,
@@ -545,6 +556,7 @@ def _burst(
         wall_s=wall,
         blob_gets=blob_gets,
         blob_failures=blob_failures,
+        blob_failure_reasons=reasons,
         pod_stderr=stderr,
         server_log=server.log.read_text(errors="replace"),
     )
