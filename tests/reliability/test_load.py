@@ -35,7 +35,12 @@ def check_outcome(result: LoadResult) -> None:
     for pod in result.pods:
         assert pod.files == len(result.expected), pod
         assert installed_mismatches(Path(pod.dest), result.expected) == [], f"pod {pod.pod}"
-    assert result.blob_gets == result.config.pods * len(result.expected)  # none retried, none skipped
+    # Every file downloaded once, but for GETs the client retried because they timed out (30 s): on an
+    # overloaded CI machine a few can; any other failure (a dropped connection, a bad answer) fails.
+    assert result.blob_gets == result.config.pods * len(result.expected) + result.blob_failures
+    assert all("TimeoutError" in reason for reason in result.blob_failure_reasons), (
+        result.blob_failure_reasons
+    )
 
     jobs_by_spec: dict[int, set[str]] = defaultdict(set)
     for submission in result.submissions:
