@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -27,6 +28,7 @@ from warmup.planner import plan_spec
 from warmup.signature import Plan
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
+from warmup.trl_args import warm_up_trl
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -39,6 +41,7 @@ class TTLCache(Generic[K, V]):
         self.maxsize, self.ttl_s = maxsize, ttl_s
         self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
         self._lock = threading.Lock()
+        self._computing: dict[K, threading.Lock] = {}  # keys being computed, one lock each
 
     def get(self, key: K) -> V | None:
         with self._lock:
@@ -61,11 +64,31 @@ class TTLCache(Generic[K, V]):
             self._items.pop(key, None)
 
     def get_or_compute(self, key: K, compute: Callable[[], V]) -> V:
+        """The cached value, or `compute()`'s. Concurrent misses of one key compute it once: when 200
+        pods ask a cold server for the same manifest, one request builds it and the others wait for it
+        instead of all building it at once (each slower, for the same result)."""
         value = self.get(key)
-        if value is None:
-            value = compute()
-            self.put(key, value)
+        if value is not None:
+            return value
+        with self.computing(key):
+            value = self.get(key)
+            if value is None:
+                value = compute()
+                self.put(key, value)
         return value
+
+    @contextmanager
+    def computing(self, key: K) -> Iterator[None]:
+        """Hold the key's compute lock: one caller at a time computes a value for `key`."""
+        with self._lock:
+            lock = self._computing.setdefault(key, threading.Lock())
+        try:
+            with lock:
+                yield
+        finally:
+            with self._lock:
+                if self._computing.get(key) is lock and not lock.locked():
+                    del self._computing[key]
 
 
 @dataclass
@@ -94,6 +117,7 @@ class Services:
         engine = make_engine(url)
         store = open_store(settings.resolved_store_url)
         store.check()
+        warm_up_trl()  # the seconds of importing TRL and torch, spent before the first request
         services = cls(
             settings=settings,
             engine=engine,

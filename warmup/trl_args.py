@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import functools
 import re
+import threading
 import typing
 import warnings
 from typing import Any
@@ -58,15 +59,43 @@ POSITIVE_INT_FIELDS = (
 _NEUTRALIZED = {"use_cpu": True, "bf16": False, "fp16": False, "report_to": "none"}
 
 
+# TRL's package is a lazy module: its first attribute reads import submodules, and two threads doing that
+# at once on a cold process can see the half-initialised package ("module 'trl' has no attribute
+# 'SFTConfig'"): the API plans concurrent requests in threads. Classes are resolved once, under a lock.
+_config_classes: dict[str, type] = {}
+_config_classes_lock = threading.Lock()
+
+
 def config_class(trainer: str) -> type:
-    """TRL's config dataclass for a trainer kind."""
-    try:
-        import trl
-    except ImportError:
-        raise MissingDependencyError(
-            "planning needs TRL: pip install 'trl-warmup[trl]' (torch, transformers, trl)"
-        ) from None
-    return getattr(trl, CONFIG_CLASS_NAMES[trainer])
+    """TRL's config dataclass for a trainer kind (thread-safe, resolved once per kind)."""
+    found = _config_classes.get(trainer)
+    if found is not None:
+        return found
+    with _config_classes_lock:
+        return _resolve_config_class(trainer)
+
+
+def warm_up_trl() -> None:
+    """Import every TRL config class and build one of each now. The first build imports torch and
+    accelerate (seconds, tens of seconds on a busy machine): a server does it before it takes requests
+    instead of making its first ones wait, and its request threads then never import concurrently."""
+    with _config_classes_lock, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for trainer in CONFIG_CLASS_NAMES:
+            _resolve_config_class(trainer)(output_dir="warmup-plan", **_NEUTRALIZED)
+
+
+def _resolve_config_class(trainer: str) -> type:
+    """Under `_config_classes_lock`."""
+    if trainer not in _config_classes:
+        try:
+            import trl
+        except ImportError:
+            raise MissingDependencyError(
+                "planning needs TRL: pip install 'trl-warmup[trl]' (torch, transformers, trl)"
+            ) from None
+        _config_classes[trainer] = getattr(trl, CONFIG_CLASS_NAMES[trainer])
+    return _config_classes[trainer]
 
 
 @functools.cache

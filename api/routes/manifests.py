@@ -68,9 +68,15 @@ async def get_manifest(request: Request, services: ServicesDep) -> Response:
 
 def _manifest(body: ManifestRequest, services: Services) -> tuple[bytes, tuple[str, str]]:
     keys = (body.spec.key(), body.toolchain.key())
-    cached = services.manifests.get(keys)
-    if cached is not None:
-        return cached, keys
+    # The pods of a job start together: on a miss, one request builds the manifest, the others wait.
+    with services.manifests.computing(keys):
+        cached = services.manifests.get(keys)
+        if cached is not None:
+            return cached, keys
+        return _build(body, services, keys), keys
+
+
+def _build(body: ManifestRequest, services: Services, keys: tuple[str, str]) -> bytes:
     plan = services.plan(body.spec)
     labels = {s.key(): s.shape_label for s in plan.signatures}
     job_id = services.repository.find_job(*keys)
@@ -96,7 +102,7 @@ def _manifest(body: ManifestRequest, services: Services) -> tuple[bytes, tuple[s
     payload = json.dumps(manifest.model_dump(mode="json")).encode()
     if not manifest.missing:
         services.manifests.put(keys, payload)
-    return payload, keys
+    return payload
 
 
 def _raise_mismatch_or_not_warmed(services: Services, toolchain: Toolchain, keys: list[str]) -> None:
