@@ -12,6 +12,9 @@ from warmup.spec import Spec
 from warmup.toolchain import Toolchain
 
 MAX_REPORTED_SIGNATURES = 4096
+# The largest integer the database stores (a signed 64-bit column): larger ones are refused with a 422,
+# not a 500 from the driver.
+DATABASE_INT_MAX = 2**63 - 1
 
 
 class _Body(BaseModel):
@@ -69,7 +72,7 @@ class CoverageRequest(_Body):
     toolchain: Toolchain
     met: list[str] = Field(default_factory=list, max_length=MAX_REPORTED_SIGNATURES)
     missed: list[Signature] = Field(default_factory=list, max_length=MAX_REPORTED_SIGNATURES)
-    fresh_compiles: NonNegativeInt = 0
+    fresh_compiles: NonNegativeInt = Field(0, le=DATABASE_INT_MAX)
     details: dict[str, Any] = Field(default_factory=dict)
 
 

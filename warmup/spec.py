@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -25,6 +26,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -79,6 +81,26 @@ TRL_CLI_QUANTIZATION_KEYS = frozenset(
 )
 
 
+# Bounds on what a spec may ask for, each far above any real job: a spec is read by a shared service,
+# and a number or a nesting without a bound is work without one.
+MAX_WORLD_SIZE = 1 << 16  # training processes
+MAX_NESTING = 16  # levels of mappings and lists inside args / peft (TRL's own configs use three)
+
+
+def check_config_value(value: Any, path: str, depth: int = 0) -> None:
+    """Refuse what no trainer config holds and JSON cannot round-trip: deep nesting, NaN and infinities."""
+    if depth > MAX_NESTING:
+        raise ValueError(f"{path} is nested more than {MAX_NESTING} levels deep")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{path} is {value}, not a finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_config_value(item, f"{path}.{key}", depth + 1)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            check_config_value(item, f"{path}.{index}", depth + 1)
+
+
 class _StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -88,7 +110,9 @@ class Target(_StrictModel):
 
     backend: Backend = Field("neuron", description="Compile backend: TorchNeuron or PyTorch Inductor.")
     device: Device = Field("neuron", description="Device type the training processes use.")
-    world_size: PositiveInt = Field(1, description="Number of training processes (all nodes together).")
+    world_size: PositiveInt = Field(
+        1, le=MAX_WORLD_SIZE, description="Number of training processes (all nodes together)."
+    )
     neuron_rt_visible_cores: str | None = Field(
         None, description="NEURON_RT_VISIBLE_CORES of each training process, if the job pins cores."
     )
@@ -176,6 +200,13 @@ class Spec(_StrictModel):
         if isinstance(value, str) and value.lower() in TRAINER_KINDS:
             return value.lower()
         raise ValueError(unknown_trainer_message(value))
+
+    @field_validator("args", "peft")
+    @classmethod
+    def _plain_config(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        if value is not None:
+            check_config_value(value, info.field_name or "")
+        return value
 
     @model_validator(mode="after")
     def _teacher_only_for_distillation(self) -> Spec:
