@@ -85,20 +85,36 @@ TRL_CLI_QUANTIZATION_KEYS = frozenset(
 # and a number or a nesting without a bound is work without one.
 MAX_WORLD_SIZE = 1 << 16  # training processes
 MAX_NESTING = 16  # levels of mappings and lists inside args / peft (TRL's own configs use three)
+# Keys and list items inside args / peft, all levels together (TRL's largest config has ~250 fields);
+# each unknown key costs a fuzzy search for the field the user meant.
+MAX_CONFIG_VALUES = 4096
 
 
-def check_config_value(value: Any, path: str, depth: int = 0) -> None:
-    """Refuse what no trainer config holds and JSON cannot round-trip: deep nesting, NaN and infinities."""
-    if depth > MAX_NESTING:
-        raise ValueError(f"{path} is nested more than {MAX_NESTING} levels deep")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{path} is {value}, not a finite number")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            check_config_value(item, f"{path}.{key}", depth + 1)
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            check_config_value(item, f"{path}.{index}", depth + 1)
+def check_config_value(value: Any, path: str) -> None:
+    """Refuse what no trainer config holds and JSON cannot round-trip: deep nesting, NaN and infinities,
+    and more values than any config has."""
+    count = 0
+    pending: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while pending:
+        item, where, depth = pending.pop()
+        if depth > MAX_NESTING:
+            raise ValueError(f"{where} is nested more than {MAX_NESTING} levels deep")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{where} is {item}, not a finite number")
+        children = (
+            item.items()
+            if isinstance(item, dict)
+            else enumerate(item)
+            if isinstance(item, list | tuple)
+            else ()
+        )
+        for key, child in children:
+            count += 1
+            if count > MAX_CONFIG_VALUES:
+                raise ValueError(
+                    f"{path} holds more than {MAX_CONFIG_VALUES} fields and items; a trainer config has a few hundred"
+                )
+            pending.append((child, f"{where}.{key}", depth + 1))
 
 
 class _StrictModel(BaseModel):
