@@ -164,7 +164,7 @@ class ServiceClient:
         body = {"spec": spec, "toolchain": toolchain, "allow_partial": allow_partial}
         try:
             data = self.request("POST", "/v1/manifests", json=body, max_bytes=MAX_MANIFEST_BYTES)
-        except ValueError as error:  # the answer is not JSON
+        except (ValueError, RecursionError) as error:  # the answer is not JSON (or nested past any parser)
             raise UnsafeArtifactError(f"refusing manifest from {self.server}: not JSON ({error})") from None
         return parse_manifest(data)
 
@@ -200,7 +200,7 @@ def api_error(response: httpx.Response) -> WarmupError:
     """Turn an API error answer into the matching WarmupError (the server's `error` code decides)."""
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         body = {}
     detail = body.get("detail") if isinstance(body, dict) else None
     if not isinstance(detail, dict):
