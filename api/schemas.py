@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -19,6 +20,32 @@ DATABASE_INT_MAX = 2**63 - 1
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        refuse_unstorable(data)
+        return data
+
+
+def refuse_unstorable(data: Any) -> None:
+    """Refuse what the database cannot store, wherever it is in a body: PostgreSQL's JSON and text hold
+    no NUL character, and JSON no NaN or infinity (they were 500s from the driver)."""
+    pending: list[tuple[Any, str]] = [(data, "")]
+    while pending:
+        value, path = pending.pop()
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError(f"{path or 'the body'} contains a NUL character, which no field may hold")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{path} is {value}, not a finite number")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                where = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and "\x00" in key:
+                    raise ValueError(f"{where!r} has a NUL character in a field name")
+                pending.append((item, where))
+        elif isinstance(value, list):
+            pending.extend((item, f"{path}.{index}") for index, item in enumerate(value))
 
 
 class PlanRequest(_Body):

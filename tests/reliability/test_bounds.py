@@ -273,6 +273,58 @@ def test_coverage_reports_are_bounded(client, model_dir) -> None:
     assert status == 422 and detail["problems"][0]["loc"] == "fresh_compiles"
 
 
+def test_values_the_database_cannot_store_are_refused(db_url: str, tmp_path: Path, model_dir: Path) -> None:
+    """On PostgreSQL each of these was a 500 (NUL in JSON or text, NaN in JSON); now a 422 on both."""
+    services = Services.start(Settings(data_dir=tmp_path, database_url=db_url, auth="off"))
+    spec = sft(model_dir, max_length=64, pad_to_multiple_of=32, torch_compile=True)
+    try:
+        with TestClient(create_app(services=services), raise_server_exceptions=False) as client:
+            planned = client.post("/v1/plans", json={"spec": spec}).json()["signatures"][0]
+            missed = {k: v for k, v in planned.items() if k != "key"} | {"seq_len": 4096}
+            report = {"spec": spec, "toolchain": TOOLCHAIN}
+            cases = [
+                (
+                    "/v1/warmups",
+                    {"spec": _set(spec, "args", output_dir="a\x00b"), "toolchain": TOOLCHAIN},
+                    "spec.args.output_dir",
+                ),
+                (
+                    "/v1/warmups",
+                    {"spec": _set(spec, "target", neuron_rt_visible_cores="0\x00"), "toolchain": TOOLCHAIN},
+                    "spec.target.neuron_rt_visible_cores",
+                ),
+                (
+                    "/v1/warmups",
+                    {"spec": spec, "toolchain": TOOLCHAIN | {"env": {"CC": "\x00"}}},
+                    "toolchain.env.CC",
+                ),
+                ("/v1/warmups", {"spec": spec, "pool": "gpu\x00"}, "pool"),
+                (
+                    "/v1/manifests",
+                    {"spec": spec, "toolchain": TOOLCHAIN | {"python": "3\x00"}},
+                    "toolchain.python",
+                ),
+                ("/v1/coverage", report | {"met": ["\x00"]}, "met.0"),
+                ("/v1/coverage", report | {"details": {"hits": float("nan")}}, "details.hits is nan"),
+                ("/v1/coverage", report | {"details": {"why\x00": 1}}, "NUL character in a field name"),
+                (
+                    "/v1/coverage",
+                    report | {"missed": [missed | {"settings": {"t": float("inf")}}]},
+                    "missed.0.settings.t is inf",
+                ),
+                ("/v1/coverage", report | {"missed": [missed | {"dtype": "\x00"}]}, "missed.0.dtype"),
+            ]
+            for route, body, named in cases:
+                status, detail = refused(client, route, body)
+                assert status == 422 and named in detail["message"], (route, named, detail)
+    finally:
+        services.close()
+
+
+def _set(spec: dict[str, Any], section: str, **values: Any) -> dict[str, Any]:
+    return {**spec, section: {**spec.get(section, {}), **values}}
+
+
 def test_zz_ledger() -> None:
     """Runs last in this module: what the bounds tests above tried."""
     assert tried["bad_inputs"] > 0 and tried["5xx"] == 0
