@@ -84,6 +84,7 @@ TRL_CLI_QUANTIZATION_KEYS = frozenset(
 # Bounds on what a spec may ask for, each far above any real job: a spec is read by a shared service,
 # and a number or a nesting without a bound is work without one.
 MAX_WORLD_SIZE = 1 << 16  # training processes
+MAX_MODEL_NAME = 4096  # a hub id or a local path (PATH_MAX)
 MAX_NESTING = 16  # levels of mappings and lists inside args / peft (TRL's own configs use three)
 # Keys and list items inside args / peft, all levels together (TRL's largest config has ~250 fields);
 # each unknown key costs a fuzzy search for the field the user meant.
@@ -194,10 +195,12 @@ class Spec(_StrictModel):
 
     trainer: TrainerKind = Field(description="The TRL trainer: " + ", ".join(TRAINER_KINDS) + ".")
     model: str = Field(
-        min_length=1, description="Hub id or local directory; only config and tokenizer are read."
+        min_length=1,
+        max_length=MAX_MODEL_NAME,
+        description="Hub id or local directory; only config and tokenizer are read.",
     )
     teacher_model: str | None = Field(
-        None, description="Distillation only: the teacher's hub id or directory."
+        None, max_length=MAX_MODEL_NAME, description="Distillation only: the teacher's hub id or directory."
     )
     args: dict[str, Any] = Field(
         default_factory=dict,

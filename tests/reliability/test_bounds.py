@@ -273,6 +273,24 @@ def test_coverage_reports_are_bounded(client, model_dir) -> None:
     assert status == 422 and detail["problems"][0]["loc"] == "fresh_compiles"
 
 
+@pytest.mark.parametrize(
+    ("model", "named"),
+    [
+        ("m" * 300, "is not a readable directory"),  # a name longer than a filesystem holds: was a 500
+        ("~no-such-user-" + "x" * 40, "is not a readable directory"),  # an unknown ~user: was a 500
+        ("./" + "a/" * 3000, "at most 4096 characters"),
+    ],
+)
+def test_model_names_no_filesystem_holds_are_refused(client, model_dir, model, named) -> None:
+    for field in ("model", "teacher_model"):
+        spec = sft(model_dir) | {field: model}
+        if field == "teacher_model":
+            spec["trainer"] = "distillation"
+        status, detail = refused(client, "/v1/plans", {"spec": spec})
+        assert status == 422 and named in problem_text(detail), detail
+        assert any(p["loc"].endswith(field) for p in detail["problems"]), detail
+
+
 def test_values_the_database_cannot_store_are_refused(db_url: str, tmp_path: Path, model_dir: Path) -> None:
     """On PostgreSQL each of these was a 500 (NUL in JSON or text, NaN in JSON); now a 422 on both."""
     services = Services.start(Settings(data_dir=tmp_path, database_url=db_url, auth="off"))

@@ -243,8 +243,16 @@ BROKEN_FIELDS = st.one_of(
     st.tuples(
         st.just("model"), st.one_of(st.none(), st.integers(), st.just(""), st.lists(st.text(), max_size=2))
     ),
-    # A model that is no directory here, in any script: refused (offline, the Hub is not asked).
-    st.tuples(st.just("model"), st.text(min_size=1).map(lambda s: f"./no-such-model/{s}")),
+    # A model that is no directory here, in any script, of any length, or a ~user nobody is: refused
+    # (offline: the Hub is not asked). Past 1 MiB the body itself is refused.
+    st.tuples(
+        st.sampled_from(["model", "teacher_model"]),
+        st.one_of(
+            st.text(min_size=1).map(lambda s: f"./no-such-model/{s}"),
+            st.text(min_size=1, max_size=20).map(lambda s: f"~{s}x/config"),
+            st.integers(256, 2_000_000).map(lambda n: "m" * n),
+        ),
+    ),
     st.tuples(st.just("teacher_model"), st.text(min_size=1)),
     st.tuples(
         st.sampled_from(INT_ARGS).map(lambda f: f"args.{f}"),
