@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from warmup.db.outage import is_unavailable, reason
@@ -87,7 +88,7 @@ async def validation_error_handler(request: Request, error: Exception) -> JSONRe
     assert isinstance(error, RequestValidationError)
     problems = []
     for item in error.errors():
-        loc = ".".join(str(part) for part in item["loc"] if part != "body")
+        loc = ".".join(str(part) for part in item["loc"] if part != "body") or "body"
         problems.append({"loc": loc, "msg": str(item["msg"]).removeprefix("Value error, ")})
     message = "invalid request: " + "; ".join(f"{p['loc']}: {p['msg']}" for p in problems)
     return JSONResponse(error_body("invalid_spec", message, problems=problems), status_code=422)
@@ -110,10 +111,21 @@ async def database_error_handler(request: Request, error: Exception) -> JSONResp
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
 
 
+async def http_error_handler(request: Request, error: Exception) -> JSONResponse:
+    """Starlette's own errors (no such route, wrong method, a body that is not JSON) in the same shape."""
+    assert isinstance(error, HTTPException)
+    message = str(error.detail)
+    if error.__cause__ is not None:  # FastAPI's "error parsing the body" hides why: say it
+        message += f": {type(error.__cause__).__name__}: {str(error.__cause__)[:200]}"
+    code = "not_found" if error.status_code == 404 else "bad_request"
+    return JSONResponse(error_body(code, message), status_code=error.status_code, headers=error.headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(WarmupError, warmup_error_handler)
     app.add_exception_handler(DBAPIError, database_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(HTTPException, http_error_handler)
 
 
 class BodySizeLimit:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -12,10 +13,39 @@ from warmup.spec import Spec
 from warmup.toolchain import Toolchain
 
 MAX_REPORTED_SIGNATURES = 4096
+# The largest integer the database stores (a signed 64-bit column): larger ones are refused with a 422,
+# not a 500 from the driver.
+DATABASE_INT_MAX = 2**63 - 1
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        refuse_unstorable(data)
+        return data
+
+
+def refuse_unstorable(data: Any) -> None:
+    """Refuse what the database cannot store, wherever it is in a body: PostgreSQL's JSON and text hold
+    no NUL character, and JSON no NaN or infinity (they were 500s from the driver)."""
+    pending: list[tuple[Any, str]] = [(data, "")]
+    while pending:
+        value, path = pending.pop()
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError(f"{path or 'the body'} contains a NUL character, which no field may hold")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{path} is {value}, not a finite number")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                where = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and "\x00" in key:
+                    raise ValueError(f"{where!r} has a NUL character in a field name")
+                pending.append((item, where))
+        elif isinstance(value, list):
+            pending.extend((item, f"{path}.{index}") for index, item in enumerate(value))
 
 
 class PlanRequest(_Body):
@@ -69,7 +99,7 @@ class CoverageRequest(_Body):
     toolchain: Toolchain
     met: list[str] = Field(default_factory=list, max_length=MAX_REPORTED_SIGNATURES)
     missed: list[Signature] = Field(default_factory=list, max_length=MAX_REPORTED_SIGNATURES)
-    fresh_compiles: NonNegativeInt = 0
+    fresh_compiles: NonNegativeInt = Field(0, le=DATABASE_INT_MAX)
     details: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -21,6 +21,7 @@ import hashlib
 import http.client
 import json
 import os
+import shutil
 import ssl
 import tempfile
 import threading
@@ -73,6 +74,9 @@ LOCAL_MANIFESTS_DIR = ".warmup-manifests"
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 DOWNLOAD_ATTEMPTS = 4
 PRESIGN_S = 6 * 3600  # URLs signed by a pod pulling from the bucket: long enough for the largest pull
+# A manifest of the largest plan (2048 signatures, tens of files each, presigned URLs) is tens of MiB;
+# a larger answer is refused as it streams in, not read into memory.
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 # --- the service's HTTP API ---------------------------------------------------------------------
@@ -111,15 +115,20 @@ class ServiceClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One API call with retries on connection errors and 5xx; API errors become WarmupErrors."""
+    def request(self, method: str, path: str, *, max_bytes: int | None = None, **kwargs: Any) -> Any:
+        """One API call with retries on connection errors and 5xx; API errors become WarmupErrors.
+
+        With `max_bytes`, a larger answer is refused (UnsafeArtifactError) before it is all read.
+        """
         url = f"{self.server}{path}"
         headers = {**self.auth_headers, **kwargs.pop("headers", {})}
-        response = _with_retries(
-            lambda: self.http.request(method, url, headers=headers, **kwargs),
-            what=url,
-            attempts=self.attempts,
-        )
+
+        def call() -> httpx.Response:
+            if max_bytes is None:
+                return self.http.request(method, url, headers=headers, **kwargs)
+            return _bounded_request(self.http, method, url, max_bytes, headers=headers, **kwargs)
+
+        response = _with_retries(call, what=url, attempts=self.attempts)
         if response.status_code >= 400:
             raise api_error(response)
         return response.json() if response.content else None
@@ -153,7 +162,11 @@ class ServiceClient:
         self, spec: dict[str, Any], toolchain: dict[str, Any], *, allow_partial: bool = False
     ) -> Manifest:
         body = {"spec": spec, "toolchain": toolchain, "allow_partial": allow_partial}
-        return parse_manifest(self.request("POST", "/v1/manifests", json=body))
+        try:
+            data = self.request("POST", "/v1/manifests", json=body, max_bytes=MAX_MANIFEST_BYTES)
+        except (ValueError, RecursionError) as error:  # the answer is not JSON (or nested past any parser)
+            raise UnsafeArtifactError(f"refusing manifest from {self.server}: not JSON ({error})") from None
+        return parse_manifest(data)
 
     def post_coverage(self, report: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/coverage", json=report)
@@ -162,11 +175,32 @@ class ServiceClient:
         return self.request("GET", f"/v1/warmups/{job_id}/coverage")
 
 
+def _bounded_request(
+    http: httpx.Client, method: str, url: str, max_bytes: int, **kwargs: Any
+) -> httpx.Response:
+    """`http.request`, reading at most `max_bytes` of the (decoded) answer."""
+    with http.stream(method, url, **kwargs) as response:
+        content = bytearray()
+        for chunk in response.iter_bytes():
+            content += chunk
+            if len(content) > max_bytes:
+                raise UnsafeArtifactError(f"refusing the answer of {url}: larger than {max_bytes} bytes")
+    # The body is decoded already: drop the headers that describe the encoded one.
+    headers = [
+        (name, value)
+        for name, value in response.headers.multi_items()
+        if name.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+    ]
+    return httpx.Response(
+        response.status_code, headers=headers, content=bytes(content), request=response.request
+    )
+
+
 def api_error(response: httpx.Response) -> WarmupError:
     """Turn an API error answer into the matching WarmupError (the server's `error` code decides)."""
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         body = {}
     detail = body.get("detail") if isinstance(body, dict) else None
     if not isinstance(detail, dict):
@@ -496,6 +530,11 @@ def _pull_from_service(
             raise
 
     manifest = _wait_for(fetch, wait, timeout, poll_interval, on_waiting)
+    if (manifest.spec_key, manifest.toolchain_key) != (spec.key(), toolchain.key()):
+        raise UnsafeArtifactError(
+            f"refusing the manifest of {client.server}: it is for another spec or toolchain "
+            f"({manifest.spec_key[:12]}/{manifest.toolchain_key[:12]}, not {spec.key()[:12]}/{toolchain.key()[:12]})"
+        )
     result = install(
         manifest,
         dest,
@@ -659,12 +698,19 @@ def install(
         check_relative_path(file.path)
         _refuse_symlinks(dest, file.path)
     files = _unique_paths(manifest.files)
-    made_dest = not dest.exists()  # a failed install removes it again: nothing is left behind
+    _refuse_own_state_links(dest)
+    created = not dest.exists()  # a failed install removes it again: nothing is left behind
     dest.mkdir(parents=True, exist_ok=True)
     index = _Index.load(dest)
     result = PullResult(manifest=manifest, dest=dest)
     todo = [file for file in files if not index.verified(dest, file)]
     result.skipped = len(files) - len(todo)
+    try:
+        _refuse_more_than_fits(dest, todo)
+    except UnsafeArtifactError:
+        if created:
+            dest.rmdir()
+        raise
     lock = threading.Lock()
     streamed = 0
     done = result.skipped
@@ -717,11 +763,11 @@ def install(
     finally:
         for leftover in staged.values():
             leftover.unlink(missing_ok=True)
-        if index.changed:
+        if index.changed and not result.failures:  # a failed install leaves dest as it was
             index.save(dest)
         with contextlib.suppress(OSError):
             temp_dir.rmdir()
-        if made_dest and result.failures:
+        if created and result.failures:
             with contextlib.suppress(OSError):
                 dest.rmdir()
     result.seconds = time.monotonic() - started
@@ -744,18 +790,32 @@ def install(
 
 
 def _unique_paths(files: list[ManifestFile]) -> list[ManifestFile]:
+    """The files by path; refuses a path listed twice with different contents, or as a file and a folder."""
     by_path: dict[str, ManifestFile] = {}
     for file in files:
         other = by_path.setdefault(file.path, file)
-        if other.sha256 != file.sha256:
+        if other.sha256 != file.sha256 or other.size != file.size:
             raise UnsafeArtifactError(f"manifest lists {file.path!r} twice with different contents")
+    folders = {parent for path in by_path for parent in _parents(path)}
+    clash = sorted(folders & set(by_path))
+    if clash:
+        raise UnsafeArtifactError(
+            f"manifest lists {clash[0]!r} both as a file and as a folder of other files"
+        )
     return list(by_path.values())
 
 
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:end]) for end in range(1, len(parts))]
+
+
 def _refuse_symlinks(dest: Path, relative: str) -> None:
-    """Refuse a path whose existing parts inside dest include a symlink (it could point anywhere)."""
+    """Refuse a path whose existing parts inside dest include a symlink (it could point anywhere), or a
+    file where a folder must be, or a folder where the file goes: installing would fail half-way."""
     current = dest
-    for part in relative.split("/"):
+    parts = relative.split("/")
+    for depth, part in enumerate(parts, start=1):
         current = current / part
         if current.is_symlink():
             raise UnsafeArtifactError(
@@ -763,6 +823,31 @@ def _refuse_symlinks(dest: Path, relative: str) -> None:
             )
         if not current.exists():
             return
+        if depth < len(parts) and not current.is_dir():
+            raise UnsafeArtifactError(
+                f"{relative!r}: {current} is a file, not a folder; refusing to replace it"
+            )
+        if depth == len(parts) and not current.is_file():
+            raise UnsafeArtifactError(
+                f"{relative!r}: {current} is not a regular file; refusing to replace it"
+            )
+
+
+def _refuse_own_state_links(dest: Path) -> None:
+    """The client's own files and folders in dest are never symlinks: they would send its writes elsewhere."""
+    for name in (TEMP_DIR_NAME, LOCAL_MANIFESTS_DIR, INDEX_NAME):
+        if (dest / name).is_symlink():
+            raise UnsafeArtifactError(f"{dest / name} is a symlink; refusing to write through it")
+
+
+def _refuse_more_than_fits(dest: Path, todo: list[ManifestFile]) -> None:
+    """A manifest whose files do not fit on the disk is refused before the disk is filled."""
+    needed = sum(file.size for file in todo)
+    free = shutil.disk_usage(dest).free
+    if needed > free:
+        raise UnsafeArtifactError(
+            f"the manifest's files need {needed} bytes and {dest} has {free} free; refusing to fill the disk"
+        )
 
 
 def _download_one(
@@ -814,9 +899,23 @@ def _copy_stream(
 def _save_local_manifest(dest: Path, manifest: Manifest) -> None:
     folder = dest / LOCAL_MANIFESTS_DIR
     folder.mkdir(exist_ok=True)
-    temp = folder / f".{manifest.spec_key}.json.tmp"
-    temp.write_text(json.dumps(manifest.without_urls().model_dump(mode="json")))
-    os.replace(temp, folder / f"{manifest.spec_key}.json")
+    _write_replacing(
+        folder / f"{manifest.spec_key}.json", json.dumps(manifest.without_urls().model_dump(mode="json"))
+    )
+
+
+def _write_replacing(path: Path, text: str) -> None:
+    """Write `path` atomically through a new temp file: never through a symlink planted at a fixed name."""
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as out:
+            os.fchmod(out.fileno(), 0o644)
+            out.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 @dataclass
@@ -857,9 +956,7 @@ class _Index:
         self.changed = True
 
     def save(self, dest: Path) -> None:
-        temp = dest / f"{INDEX_NAME}.tmp"
-        temp.write_text(json.dumps({"files": self.files}))
-        os.replace(temp, dest / INDEX_NAME)
+        _write_replacing(dest / INDEX_NAME, json.dumps({"files": self.files}))
 
 
 def _sha256_of(path: Path) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import unicodedata
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
@@ -20,6 +21,9 @@ from warmup.errors import UnsafeArtifactError
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _SHA256 = re.compile(SHA256_PATTERN)
 MAX_PATH_LENGTH = 1024
+MAX_NAME_BYTES = 255  # one path component, as Linux filesystems store it
+# Names the pull client keeps its own state under, in the cache directory: never a manifest's to write.
+RESERVED_PREFIX = ".warmup-"
 MANIFESTS_PREFIX = "manifests"
 
 
@@ -47,6 +51,24 @@ def check_relative_path(path: str) -> str:
         raise UnsafeArtifactError(f"artifact path {path!r} has an empty, '.' or '..' component")
     if posixpath.normpath(path) != path:
         raise UnsafeArtifactError(f"artifact path {path!r} is not normalised")
+    # Unicode: a path is written as its NFC UTF-8 bytes, without invisible or unencodable characters,
+    # and no component may turn into '.', '..' or a separator where names are normalised (NFKC).
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn") for c in path):
+        raise UnsafeArtifactError(
+            f"artifact path {path!r} has an invisible, private or unencodable character"
+        )
+    if unicodedata.normalize("NFC", path) != path:
+        raise UnsafeArtifactError(f"artifact path {path!r} is not in Unicode normal form C")
+    for part in parts:
+        folded = unicodedata.normalize("NFKC", part)
+        if folded in (".", "..") or "/" in folded or "\\" in folded:
+            raise UnsafeArtifactError(f"artifact path {path!r} has a component that normalises to {folded!r}")
+        if len(part.encode()) > MAX_NAME_BYTES:
+            raise UnsafeArtifactError(
+                f"artifact path {path!r:.80} has a component longer than {MAX_NAME_BYTES} bytes"
+            )
+    if parts[0].startswith(RESERVED_PREFIX):
+        raise UnsafeArtifactError(f"artifact path {path!r} is where the pull client keeps its own state")
     return path
 
 
@@ -77,7 +99,7 @@ class Manifest(BaseModel):
     toolchain: dict[str, Any]
     backend: str
     device: str
-    plan_size: int = Field(
+    plan_size: NonNegativeInt = Field(
         description="Signatures the training process compiles: sizes Dynamo's recompile limit."
     )
     signatures: list[str] = Field(description="Keys of the signatures whose entries are included.")

@@ -51,8 +51,12 @@ def config_hash(config: dict[str, Any]) -> str:
 @functools.lru_cache(maxsize=256)
 def read_model_facts(source: str) -> ModelFacts:
     """Read `config.json` from a local directory, or from the Hugging Face Hub for a hub id."""
-    path = Path(source).expanduser()
-    if path.is_dir():
+    try:
+        path = Path(source).expanduser()
+        is_dir = path.is_dir()
+    except (OSError, RuntimeError) as error:  # a name too long for the filesystem, an unknown ~user
+        raise ModelConfigError(f"model {source[:200]!r} is not a readable directory: {error}") from None
+    if is_dir:
         config_path = path / "config.json"
         if not config_path.is_file():
             raise ModelConfigError(f"model directory {source} has no config.json")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -25,6 +26,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -79,6 +81,43 @@ TRL_CLI_QUANTIZATION_KEYS = frozenset(
 )
 
 
+# Bounds on what a spec may ask for, each far above any real job: a spec is read by a shared service,
+# and a number or a nesting without a bound is work without one.
+MAX_WORLD_SIZE = 1 << 16  # training processes
+MAX_MODEL_NAME = 4096  # a hub id or a local path (PATH_MAX)
+MAX_NESTING = 16  # levels of mappings and lists inside args / peft (TRL's own configs use three)
+# Keys and list items inside args / peft, all levels together (TRL's largest config has ~250 fields);
+# each unknown key costs a fuzzy search for the field the user meant.
+MAX_CONFIG_VALUES = 4096
+
+
+def check_config_value(value: Any, path: str) -> None:
+    """Refuse what no trainer config holds and JSON cannot round-trip: deep nesting, NaN and infinities,
+    and more values than any config has."""
+    count = 0
+    pending: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while pending:
+        item, where, depth = pending.pop()
+        if depth > MAX_NESTING:
+            raise ValueError(f"{where} is nested more than {MAX_NESTING} levels deep")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{where} is {item}, not a finite number")
+        children = (
+            item.items()
+            if isinstance(item, dict)
+            else enumerate(item)
+            if isinstance(item, list | tuple)
+            else ()
+        )
+        for key, child in children:
+            count += 1
+            if count > MAX_CONFIG_VALUES:
+                raise ValueError(
+                    f"{path} holds more than {MAX_CONFIG_VALUES} fields and items; a trainer config has a few hundred"
+                )
+            pending.append((child, f"{where}.{key}", depth + 1))
+
+
 class _StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -88,7 +127,9 @@ class Target(_StrictModel):
 
     backend: Backend = Field("neuron", description="Compile backend: TorchNeuron or PyTorch Inductor.")
     device: Device = Field("neuron", description="Device type the training processes use.")
-    world_size: PositiveInt = Field(1, description="Number of training processes (all nodes together).")
+    world_size: PositiveInt = Field(
+        1, le=MAX_WORLD_SIZE, description="Number of training processes (all nodes together)."
+    )
     neuron_rt_visible_cores: str | None = Field(
         None, description="NEURON_RT_VISIBLE_CORES of each training process, if the job pins cores."
     )
@@ -154,10 +195,12 @@ class Spec(_StrictModel):
 
     trainer: TrainerKind = Field(description="The TRL trainer: " + ", ".join(TRAINER_KINDS) + ".")
     model: str = Field(
-        min_length=1, description="Hub id or local directory; only config and tokenizer are read."
+        min_length=1,
+        max_length=MAX_MODEL_NAME,
+        description="Hub id or local directory; only config and tokenizer are read.",
     )
     teacher_model: str | None = Field(
-        None, description="Distillation only: the teacher's hub id or directory."
+        None, max_length=MAX_MODEL_NAME, description="Distillation only: the teacher's hub id or directory."
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
@@ -176,6 +219,13 @@ class Spec(_StrictModel):
         if isinstance(value, str) and value.lower() in TRAINER_KINDS:
             return value.lower()
         raise ValueError(unknown_trainer_message(value))
+
+    @field_validator("args", "peft")
+    @classmethod
+    def _plain_config(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        if value is not None:
+            check_config_value(value, info.field_name or "")
+        return value
 
     @model_validator(mode="after")
     def _teacher_only_for_distillation(self) -> Spec:

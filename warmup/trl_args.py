@@ -241,10 +241,13 @@ def _generation_batch(
 
 def _unknown_or_mistyped(given: dict[str, Any], fields: dict[str, dataclasses.Field], cls_name: str) -> list:
     problems = []
+    unknown = 0
     hints = typing.get_type_hints
     for name, value in given.items():
         if name not in fields:
-            close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.75)
+            unknown += 1
+            # A fuzzy search costs milliseconds: suggest for the first few, not for thousands of junk keys.
+            close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.75) if unknown <= 20 else []
             hint = f"; did you mean {close[0]!r}?" if close else ""
             problems.append(FieldProblem(f"args.{name}", f"unknown field for {cls_name}{hint}"))
             continue

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from api.deps import ReadAccess, ServicesDep, SubmitAccess
-from api.schemas import WarmupRequest
+from api.schemas import DATABASE_INT_MAX, WarmupRequest
 from warmup.db.records import CoverageReportRecord, JobStatus, JobSummary, Keyed, TaskLog
 from warmup.errors import JobNotFoundError, RehearsalError, SpecError
 from warmup.rehearsal.units import require_rehearsable
@@ -83,7 +83,7 @@ def get_warmup(job_id: uuid.UUID, services: ServicesDep) -> JobStatus:
 def list_warmups(
     services: ServicesDep,
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=DATABASE_INT_MAX),
     spec_key: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
     toolchain_key: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
 ) -> list[JobSummary]:
@@ -110,7 +110,7 @@ def job_coverage(job_id: uuid.UUID, services: ServicesDep) -> list[CoverageRepor
     dependencies=[ReadAccess],
     summary="A task's error and log",
 )
-def task_log(task_id: int, services: ServicesDep) -> TaskLog:
+def task_log(services: ServicesDep, task_id: int = Path(ge=1, le=DATABASE_INT_MAX)) -> TaskLog:
     log = services.repository.task_log(task_id)
     if log is None:
         raise JobNotFoundError(f"no task {task_id}")

@@ -1,6 +1,7 @@
 """The pod side of pull: parallel download, sha256 checks, atomic install, refusing hostile manifests.
 
-Blobs are served by a real HTTP server in a thread; nothing of the project's own code is mocked.
+Blobs are served by a real HTTP server in a thread; nothing of the project's own code is mocked. The
+table of hostile manifests and blobs (sizes, hashes, symlinks, junk) is tests/reliability/test_hostile_pulls.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 from warmup.client import HttpBlobSource, install
-from warmup.errors import BlobIntegrityError, UnsafeArtifactError
+from warmup.errors import UnsafeArtifactError
 from warmup.manifest import Manifest, ManifestFile, parse_manifest
 
 
@@ -114,27 +115,20 @@ def test_a_file_changed_on_disk_is_fetched_again(server, http_client, tmp_path):
     assert (tmp_path / "a/b.bin").read_bytes() == b"right content"
 
 
-def test_corrupt_blob_is_refused_and_leaves_nothing(server, http_client, tmp_path):
-    good = server.file("good.bin", b"good")
-    bad = server.file("dir/bad.bin", b"the real bytes")
-    server.tamper[bad.sha256] = b"the fake bytes"  # same size, different content
-    with pytest.raises(BlobIntegrityError, match="sha256 mismatch"):
-        install(manifest_of([good, bad]), tmp_path, HttpBlobSource(http_client, None), parallel=1)
-    assert not (tmp_path / "dir/bad.bin").exists()
-    assert not list(tmp_path.rglob("*.tmp*"))
-    assert not (tmp_path / ".warmup-tmp").exists()
-
-
-def test_oversized_blob_is_refused(server, http_client, tmp_path):
-    file = server.file("x.bin", b"12345")
-    server.tamper[file.sha256] = b"1234567890"
-    with pytest.raises(BlobIntegrityError, match="larger than"):
-        install(manifest_of([file]), tmp_path, HttpBlobSource(http_client, None))
-    assert not (tmp_path / "x.bin").exists()
-
-
 @pytest.mark.parametrize(
-    "path", ["../escape", "/etc/passwd", "a/../../b", "a//b", "./a", "a\\b", "C:/x", "a/\x00b"]
+    "path",
+    [
+        "../escape",
+        "/etc/passwd",
+        "a/../../b",
+        "a//b",
+        "./a",
+        "a\\b",
+        "C:/x",
+        "a/\x00b",
+        "\uff0e\uff0e/x",
+        ".warmup-index.json",
+    ],
 )
 def test_hostile_paths_are_refused_before_anything_is_written(server, path, tmp_path):
     sha = server.add(b"payload")
@@ -154,24 +148,6 @@ def test_hostile_paths_are_refused_before_anything_is_written(server, path, tmp_
         install(hostile, tmp_path / "dest", HttpBlobSource(httpx.Client(), server.url))
     assert not (tmp_path / "dest").exists()
     assert server.requests == 0
-
-
-def test_symlink_inside_dest_is_refused(server, http_client, tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    dest = tmp_path / "dest"
-    dest.mkdir()
-    (dest / "sub").symlink_to(outside)
-    file = server.file("sub/evil.bin", b"payload")
-    with pytest.raises(UnsafeArtifactError, match="symlink"):
-        install(manifest_of([file]), dest, HttpBlobSource(http_client, None))
-    assert list(outside.iterdir()) == []
-
-
-def test_same_path_twice_with_different_content_is_refused(server, http_client, tmp_path):
-    a, b = server.file("same", b"one"), server.file("same", b"two")
-    with pytest.raises(UnsafeArtifactError, match="twice"):
-        install(manifest_of([a, b]), tmp_path, HttpBlobSource(http_client, None))
 
 
 def test_missing_blob_fails_cleanly(server, http_client, tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from warmup.errors import SpecError
+from warmup.errors import ModelConfigError, SpecError
 from warmup.model_facts import ModelFacts, read_model_facts
 from warmup.planner.common import MAX_SIGNATURES, PlanBuilder
 from warmup.planner.estimate import estimate_seconds
@@ -56,7 +56,10 @@ def plan_spec(spec: Spec) -> Plan:
     """Validate the args with TRL, read the model config(s), and plan."""
     args = resolve_trainer_args(spec)
     model = read_model_facts(spec.model)
-    teacher = read_model_facts(spec.teacher_model) if spec.teacher_model else None
+    try:
+        teacher = read_model_facts(spec.teacher_model) if spec.teacher_model else None
+    except ModelConfigError as error:  # name the teacher, not the model
+        raise SpecError(str(error), loc="teacher_model") from None
     return plan(spec, args, model, teacher)
 
 

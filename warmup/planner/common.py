@@ -43,12 +43,27 @@ def ceil_to(value: int, multiple: int | None) -> int:
 
 
 def padded_lengths(low: int, high: int, multiple: int | None) -> list[int]:
-    """Every padded length a batch whose longest row is in [low, high] can have."""
+    """Every padded length a batch whose longest row is in [low, high] can have.
+
+    Refuses, before listing them, more lengths than a plan may have signatures: every caller lists at
+    least one signature per length, and a spec with a huge max_length and no padding would otherwise
+    build millions of them (gigabytes) only to be refused at the end.
+    """
     if low > high:
         return []
-    if not multiple:
-        return list(range(low, high + 1))
-    return list(range(ceil_to(low, multiple), ceil_to(high, multiple) + 1, multiple))
+    lengths = (
+        range(low, high + 1)
+        if not multiple
+        else range(ceil_to(low, multiple), ceil_to(high, multiple) + 1, multiple)
+    )
+    if len(lengths) > MAX_SIGNATURES:
+        raise PlanTooLargeError(
+            f"the spec plans more than {MAX_SIGNATURES} signatures: {len(lengths)} padded sequence lengths "
+            f"from {lengths[0]} to {lengths[-1]} (pad_to_multiple_of {multiple}); set pad_to_multiple_of "
+            "(128 on Neuron) and bound the lengths (max_length, data.max_tokens) so that the shapes are few",
+            loc="args.pad_to_multiple_of",
+        )
+    return list(lengths)
 
 
 def kth_smallest_length(histogram: dict[int, int], k: int) -> int:

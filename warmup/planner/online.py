@@ -58,11 +58,21 @@ class Rollouts:
     prompts: list[int]  # padded prompt lengths P (generation input and training prefix)
     completions: list[int]  # padded completion lengths C
     max_new_tokens: int  # M: generate stops after M new tokens
+    step: int | None = None  # the padding multiple both length lists step by (None: 1)
 
     @property
     def sequences(self) -> list[int]:
-        """Widths P + C of the training and forward-only passes."""
-        return sorted({p + c for p in self.prompts for c in self.completions})
+        """Widths P + C of the training and forward-only passes.
+
+        Both lists step by the padding multiple (or by 1), so their sums are every step from the smallest
+        sum to the largest: computed without the P x C pairs (millions for unpadded lengths).
+        """
+        if not self.prompts or not self.completions:
+            return []
+        step = self.step or 1
+        return list(
+            range(self.prompts[0] + self.completions[0], self.prompts[-1] + self.completions[-1] + 1, step)
+        )
 
 
 def plan_grpo(plan: PlanBuilder) -> None:
@@ -147,6 +157,7 @@ def rollout_lengths(plan: PlanBuilder) -> Rollouts | None:
         prompts=padded_lengths(shortest_prompt, longest_prompt, m),
         completions=padded_lengths(shortest_completion, max_new_tokens, m),
         max_new_tokens=max_new_tokens,
+        step=m,
     )
 
 
