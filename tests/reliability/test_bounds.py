@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -343,9 +344,13 @@ def _set(spec: dict[str, Any], section: str, **values: Any) -> dict[str, Any]:
     return {**spec, section: {**spec.get(section, {}), **values}}
 
 
-def test_zz_ledger() -> None:
-    """Runs last in this module: what the bounds tests above tried."""
-    assert tried["bad_inputs"] > 0 and tried["5xx"] == 0
+@pytest.fixture(scope="module", autouse=True)
+def _record_what_the_module_tried() -> Iterator[None]:
+    """After the module's tests: one ledger row for all they tried (whichever of them ran)."""
+    yield
+    assert tried["5xx"] == 0
+    if not tried["bad_inputs"]:
+        return  # none of the counting tests ran (-k)
     record(
         Row(
             scenario="bounds: huge plans, bodies, nesting, counts, integers",
