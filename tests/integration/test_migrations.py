@@ -95,3 +95,15 @@ def test_upgrade_names_an_unreachable_database() -> None:
     port = free_port()  # nothing listens there
     with pytest.raises(DatabaseError, match=f"127.0.0.1:{port}/nowhere"):
         upgrade(f"postgresql://postgres@127.0.0.1:{port}/nowhere")
+
+
+def test_replicas_starting_together_migrate_one_at_a_time(pg_empty_url: str) -> None:
+    """Four API replicas on an empty database at once: each upgrade succeeds, the schema is made once."""
+    script = f"from warmup.db.migrate import upgrade; upgrade({pg_empty_url!r})"
+    replicas = [
+        subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True) for _ in range(4)
+    ]
+    errors = [replica.communicate(timeout=100)[1] for replica in replicas]
+    assert [replica.returncode for replica in replicas] == [0, 0, 0, 0], errors
+    assert current_revision(pg_empty_url) == head_revision()
+    assert schema_diff(pg_empty_url) == []

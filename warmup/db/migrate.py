@@ -14,7 +14,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
@@ -22,6 +22,7 @@ from warmup.db.engine import make_engine
 from warmup.errors import DatabaseError
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATION_LOCK_KEY = 0x7761726D7570  # "warmup": the advisory lock that serialises migrations
 
 
 def alembic_config() -> Config:
@@ -63,6 +64,10 @@ def _run(url: str | URL | Engine, action: Callable[[Config], None]) -> None:
     engine = url if isinstance(url, Engine) else make_engine(url)
     try:
         with engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                # API replicas starting together migrate one at a time: the others wait here, then
+                # find the schema already at head (the lock goes with the transaction).
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             config.attributes["connection"] = connection
             action(config)
     except OperationalError as error:
