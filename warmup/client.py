@@ -643,7 +643,7 @@ def bucket_manifest(store: BlobStore, spec_key: str, toolchain: Toolchain) -> Ma
 
     key = manifest_object_key(spec_key, toolchain.key())
     try:
-        raw = store.get_object(key)
+        raw = store.get_object(key, max_bytes=MAX_MANIFEST_BYTES)
     except BlobNotFoundError:
         differences: list[dict[str, tuple[Any, Any]]] = []
         for other in store.list_documents(f"{MANIFESTS_PREFIX}/{spec_key}/")[:20]:

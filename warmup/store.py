@@ -25,7 +25,13 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
-from warmup.errors import BlobIntegrityError, BlobNotFoundError, StoreError, StoreUnreachableError
+from warmup.errors import (
+    BlobIntegrityError,
+    BlobNotFoundError,
+    StoreError,
+    StoreUnreachableError,
+    UnsafeArtifactError,
+)
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK_BYTES = 1024 * 1024
@@ -111,8 +117,9 @@ class BlobStore(ABC):
         """Write a small document (a manifest) under `key`, replacing any previous one."""
 
     @abstractmethod
-    def get_object(self, key: str) -> bytes:
-        """Read a small document (BlobNotFoundError if absent)."""
+    def get_object(self, key: str, max_bytes: int | None = None) -> bytes:
+        """Read a small document (BlobNotFoundError if absent); one larger than `max_bytes` is refused
+        (UnsafeArtifactError) without being read whole."""
 
     @abstractmethod
     def list_documents(self, prefix: str) -> list[str]:
@@ -134,6 +141,17 @@ class BlobStore(ABC):
                 out.write(chunk)
             if digest.hexdigest() != sha256:
                 raise BlobIntegrityError(f"blob {sha256} in {self.location} has sha256 {digest.hexdigest()}")
+
+
+def _read_at_most(source: IO[bytes], max_bytes: int | None, what: str) -> bytes:
+    if max_bytes is None:
+        return source.read()
+    data = bytearray()
+    while chunk := source.read(CHUNK_BYTES):  # a raw reader may return less than asked: loop
+        data += chunk
+        if len(data) > max_bytes:
+            raise UnsafeArtifactError(f"refusing {what}: larger than {max_bytes} bytes")
+    return bytes(data)
 
 
 @contextmanager
@@ -247,9 +265,10 @@ class LocalBlobStore(BlobStore):
         with _atomic_file(dest) as (_tmp, out):
             out.write(data)
 
-    def get_object(self, key: str) -> bytes:
+    def get_object(self, key: str, max_bytes: int | None = None) -> bytes:
         try:
-            return (self.root / _document_key(key)).read_bytes()
+            with (self.root / _document_key(key)).open("rb") as document:
+                return _read_at_most(document, max_bytes, f"document {key!r} in {self.location}")
         except FileNotFoundError:
             raise BlobNotFoundError(f"no document {key!r} in {self.location}") from None
 
@@ -431,9 +450,9 @@ class S3BlobStore(BlobStore):
                 Bucket=self.bucket, Key=self._key(_document_key(key)), Body=data, ContentType=content_type
             )
 
-    def get_object(self, key: str) -> bytes:
+    def get_object(self, key: str, max_bytes: int | None = None) -> bytes:
         with _ResumingReader(self, self._key(_document_key(key)), f"read of {key}") as body:
-            return body.read()
+            return _read_at_most(body, max_bytes, f"document {key!r} in {self.location}")
 
     def list_documents(self, prefix: str) -> list[str]:
         folder = _document_key(prefix.rstrip("/")) + "/"

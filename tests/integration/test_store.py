@@ -13,7 +13,13 @@ import httpx
 import pytest
 
 from tests.fixtures.services import S3Server, free_port
-from warmup.errors import BlobIntegrityError, BlobNotFoundError, StoreError, StoreUnreachableError
+from warmup.errors import (
+    BlobIntegrityError,
+    BlobNotFoundError,
+    StoreError,
+    StoreUnreachableError,
+    UnsafeArtifactError,
+)
 from warmup.store import BlobStore, LocalBlobStore, S3BlobStore, blob_key, open_store, sha256_file
 
 pytestmark = pytest.mark.timeout(120)
@@ -123,6 +129,11 @@ def test_documents(store: BlobStore) -> None:
         with pytest.raises(StoreError, match="invalid document key"):
             store.put_object(bad, b"{}")
     assert list(store.iter_blobs()) == []  # documents are not blobs
+    # A hostile bucket's oversized "manifest" is refused, not read into memory whole.
+    store.put_object("manifests/huge.json", b"x" * (3 * MiB))
+    assert len(store.get_object("manifests/huge.json", max_bytes=3 * MiB)) == 3 * MiB
+    with pytest.raises(UnsafeArtifactError, match="larger than"):
+        store.get_object("manifests/huge.json", max_bytes=3 * MiB - 1)
 
 
 def test_large_file(store: BlobStore, tmp_path: Path) -> None:
