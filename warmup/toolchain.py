@@ -30,6 +30,7 @@ import os
 import platform
 import re
 import shlex
+import tempfile
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
@@ -333,8 +334,10 @@ def remember_toolchain(
 
 
 def _write_memo(memo: Path, facts: dict[str, Any], toolchain: Toolchain) -> None:
-    temp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
-    temp.write_text(json.dumps({"facts": facts, "toolchain": toolchain.model_dump(mode="json")}))
+    # A fresh temp file (mkstemp: O_EXCL, so a symlink planted at a predictable name is not followed).
+    fd, temp = tempfile.mkstemp(dir=memo.parent, prefix=f".{memo.name}.")
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps({"facts": facts, "toolchain": toolchain.model_dump(mode="json")}))
     os.replace(temp, memo)
 
 
