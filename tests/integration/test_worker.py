@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from tests.fixtures.factories import eager_signatures
 from tests.support.tiny_model import write_tiny_model
 from warmup.db import models as m
 from warmup.db.engine import make_engine
@@ -34,22 +35,6 @@ from worker.loop import Worker, WorkerOptions
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("model"))
-
-
-def eager_signatures(count: int) -> list[Signature]:
-    """Evaluation forwards under Inductor: the planner labels them eager, so they warm in no time."""
-    return [
-        Signature(
-            phase="eval",
-            batch=2,
-            seq_len=32 * (i + 1),
-            trainer="sft",
-            model="cafe",
-            dtype="float32",
-            compile="eager",
-        )
-        for i in range(count)
-    ]
 
 
 def spec_of(model_dir: Path):

@@ -42,7 +42,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from api.services import Services
 from api.settings import Settings
-from tests.fixtures.factories import artifact
+from tests.fixtures.factories import artifact, eager_signatures
 from tests.fixtures.services import PostgresServer, _postgres_bindir, _tail, free_port
 from tests.reliability.audit import audit_store
 from tests.reliability.ledger import Row, record
@@ -52,7 +52,6 @@ from warmup.db.engine import POSTGRES_CONNECT_TIMEOUT_S, make_engine
 from warmup.db.migrate import upgrade
 from warmup.db.outage import Outage, is_unavailable
 from warmup.db.records import Keyed
-from warmup.signature import Signature
 from warmup.spec import Spec, load_spec
 from warmup.toolchain import Toolchain, current_toolchain
 
@@ -303,22 +302,6 @@ def seed_entries(services: Services, model_dir: Path, scratch: Path, count: int)
         for path, ref in files:
             services.store.put_file(path, ref.sha256)
         queue.complete(task.id, "seeder", [ref for _, ref in files], compile_seconds=1.0)
-
-
-def eager_signatures(count: int, seq_offset: int = 0) -> list[Signature]:
-    """Evaluation forwards under Inductor: labelled eager, they go through the worker in no time."""
-    return [
-        Signature(
-            phase="eval",
-            batch=2,
-            seq_len=32 * (i + 1 + seq_offset),
-            trainer="sft",
-            model="cafe",
-            dtype="float32",
-            compile="eager",
-        )
-        for i in range(count)
-    ]
 
 
 def eager_spec(model_dir: Path) -> Spec:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select, update
 
+from tests.fixtures.factories import eager_signatures
 from tests.reliability.audit import audit_store
 from tests.reliability.ledger import Row, record
 from warmup.db import models as m
@@ -38,7 +39,6 @@ from warmup.db.repository import Repository
 from warmup.db.retention import collect_garbage
 from warmup.errors import BlobNotFoundError
 from warmup.planner import plan_spec
-from warmup.signature import Signature
 from warmup.spec import Spec, load_spec
 from warmup.store import LocalBlobStore
 from warmup.toolchain import current_toolchain
@@ -124,22 +124,6 @@ def spec_of(model_dir: Path, max_length: int = 32) -> Spec:
             "target": {"backend": "inductor", "device": "cpu"},
         }
     )
-
-
-def eager_signatures(count: int) -> list[Signature]:
-    """Evaluation forwards under Inductor: the planner labels them eager, so they warm in no time."""
-    return [
-        Signature(
-            phase="eval",
-            batch=2,
-            seq_len=32 * (i + 1),
-            trainer="sft",
-            model="cafe",
-            dtype="float32",
-            compile="eager",
-        )
-        for i in range(count)
-    ]
 
 
 class WorkerProcess:
