@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from tests.fixtures.factories import one_signature_sft
 from tests.reliability.audit import audit_store
 from tests.reliability.ledger import Row, record
 from warmup.db import models as m
@@ -29,21 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 def submit_one_signature(db_url: str, model_dir: Path):
-    spec = load_spec(
-        {
-            "trainer": "sft",
-            "model": str(model_dir),
-            "args": {
-                "per_device_train_batch_size": 2,
-                "max_length": 32,
-                "pad_to_multiple_of": 32,
-                "torch_compile": True,
-                "bf16": False,
-            },
-            "data": {"min_tokens": 10, "max_tokens": 32},
-            "target": {"backend": "inductor", "device": "cpu"},
-        }
-    )
+    spec = load_spec(one_signature_sft(model_dir))
     signatures = [s for s in plan_spec(spec).signatures if s.compile != "eager"]
     assert len(signatures) == 1
     upgrade(db_url)

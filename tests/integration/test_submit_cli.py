@@ -17,6 +17,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.fixtures.factories import one_signature_sft
 from tests.support.tiny_model import write_tiny_model
 
 
@@ -67,19 +68,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def write_spec(path: Path, model: Path, **overrides) -> Path:
-    spec = {
-        "trainer": "sft",
-        "model": str(model),
-        "args": {
-            "per_device_train_batch_size": 2,
-            "max_length": 32,
-            "pad_to_multiple_of": 32,
-            "torch_compile": True,
-            "bf16": False,
-        },
-        "data": {"min_tokens": 10, "max_tokens": 32},
-        "target": {"backend": "inductor", "device": "cpu"},
-    }
+    spec = one_signature_sft(model)
     spec.update(overrides)
     path.write_text(yaml.safe_dump(spec))
     return path

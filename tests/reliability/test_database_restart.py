@@ -42,7 +42,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from api.services import Services
 from api.settings import Settings
-from tests.fixtures.factories import artifact, eager_signatures
+from tests.fixtures.factories import artifact, eager_signatures, one_signature_sft
 from tests.fixtures.services import PostgresServer, _postgres_bindir, _tail, free_port
 from tests.reliability.audit import audit_store
 from tests.reliability.ledger import Row, record
@@ -439,21 +439,7 @@ def test_a_job_rides_out_a_clean_restart_and_a_crash_of_the_database(
 
 def compiling_spec(model_dir: Path) -> Spec:
     """One training signature that Inductor compiles (20-50 s on a quiet CPU)."""
-    return load_spec(
-        {
-            "trainer": "sft",
-            "model": str(model_dir),
-            "args": {
-                "per_device_train_batch_size": 2,
-                "max_length": 32,
-                "pad_to_multiple_of": 32,
-                "torch_compile": True,
-                "bf16": False,
-            },
-            "data": {"min_tokens": 10, "max_tokens": 32},
-            "target": {"backend": "inductor", "device": "cpu"},
-        }
-    )
+    return load_spec(one_signature_sft(model_dir))
 
 
 @pytest.mark.slow

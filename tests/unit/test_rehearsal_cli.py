@@ -8,28 +8,14 @@ import sys
 
 import yaml
 
+from tests.fixtures.factories import one_signature_sft
+
 
 def _warm(spec: dict, cache, tmp_path) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
     command = [sys.executable, "-m", "warmup", "warm", str(path), "--cache-dir", str(cache)]
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
-
-
-def _sft(model) -> dict:
-    return {
-        "trainer": "sft",
-        "model": str(model),
-        "args": {
-            "per_device_train_batch_size": 2,
-            "max_length": 32,
-            "pad_to_multiple_of": 32,
-            "torch_compile": True,
-            "bf16": False,
-        },
-        "data": {"min_tokens": 10, "max_tokens": 32},
-        "target": {"backend": "inductor", "device": "cpu"},
-    }
 
 
 def test_cache_dir_is_required():
@@ -48,7 +34,7 @@ def test_a_directory_of_another_toolchain_is_refused_before_compiling(tiny_model
     (cache / "trl-warmup.json").write_text(
         json.dumps({"toolchain": theirs.model_dump(mode="json"), "entries": {}})
     )
-    done = _warm(_sft(tiny_model_dir), cache, tmp_path)
+    done = _warm(one_signature_sft(tiny_model_dir), cache, tmp_path)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("error: toolchain of")
     assert "trl: '1.16.0' here vs '0.9.0' in the cache" in done.stderr
@@ -56,7 +42,7 @@ def test_a_directory_of_another_toolchain_is_refused_before_compiling(tiny_model
 
 
 def test_a_trainer_without_rehearsal_is_a_clear_error(tiny_model_dir, tmp_path):
-    spec = {**_sft(tiny_model_dir), "trainer": "kto"}
+    spec = {**one_signature_sft(tiny_model_dir), "trainer": "kto"}
     spec["args"] = {"per_device_train_batch_size": 2, "max_length": 32, "torch_compile": True, "bf16": False}
     done = _warm(spec, tmp_path / "cache", tmp_path)
     assert done.returncode != 0
