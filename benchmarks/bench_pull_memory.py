@@ -46,12 +46,10 @@ print(json.dumps({"bytes": r.bytes_downloaded, "seconds": r.seconds}))
 """
 PRESIGNED = """
 import json, sys
-import httpx
 from warmup.client import HttpBlobSource, install
 from warmup.manifest import parse_manifest
 manifest, dest = sys.argv[1:]
-with httpx.Client() as http:
-    r = install(parse_manifest(json.load(open(manifest))), dest, HttpBlobSource(http, None))
+r = install(parse_manifest(json.load(open(manifest))), dest, HttpBlobSource(None))
 print(json.dumps({"bytes": r.bytes_downloaded, "seconds": r.seconds}))
 """
 

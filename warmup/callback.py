@@ -365,8 +365,7 @@ class WarmupCallback(TrainerCallback):
         try:
             from warmup.client import ServiceClient
 
-            timeout = _timeout(self.timeout_s)
-            with ServiceClient(self.server, token=self.token, timeout=timeout, attempts=2) as client:
+            with ServiceClient(self.server, token=self.token, timeout=self.timeout_s, attempts=2) as client:
                 self.last_response = client.post_coverage(body)
         except Exception as failure:  # the service being down must never fail training
             log.warning("%s; the report could not be posted to %s: %s", summary, self.server, failure)
@@ -433,12 +432,6 @@ def _innermost(module: Any) -> Any:
 
 def _label(shape: Shape) -> str:
     return f"{shape[0]} {shape[1]}x{shape[2]}"
-
-
-def _timeout(seconds: float) -> Any:
-    import httpx
-
-    return httpx.Timeout(seconds, connect=min(5.0, seconds))
 
 
 __all__ = ["WarmupCallback"]

@@ -1,7 +1,11 @@
 """The HTTP client of the service, and `pull`: install a verified, prewarmed cache on a training pod.
 
-Pod-side code: needs only the base install (httpx, pydantic), never fastapi, sqlalchemy or boto3 at
-import (pulling straight from S3 with `source="s3://..."` imports boto3 when it runs).
+Pod-side code: needs only the base install (pydantic), never fastapi, sqlalchemy, httpx or boto3 at
+import (pulling straight from S3 with `source="s3://..."` imports boto3 when it runs). HTTP is the
+standard library's: `urllib.request` for the few API calls (proxies from the environment, no
+redirects followed), `http.client` with one kept-alive connection per download thread for blobs. A
+pull is a short process on a pod's critical path, and httpx's import and client set-up alone cost
+about 0.1 s of a 0.5 s pull (benchmarks/bench_pull.py).
 
 `pull` computes (or takes) the pod's toolchain and gets the manifest of (spec, toolchain), from the
 service or from the bucket the workers publish complete manifests into. `install` then downloads the
@@ -26,14 +30,14 @@ import ssl
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from email.message import Message
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
-
-import httpx
 
 from warmup.errors import (
     AuthError,
@@ -65,7 +69,7 @@ if TYPE_CHECKING:
     from warmup.store import BlobStore
     from warmup.toolchain import Toolchain
 
-DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+DEFAULT_TIMEOUT_S = 30.0  # per connect and per read, for API calls and blob downloads
 CHUNK = 1 << 20
 INDEX_NAME = ".warmup-index.json"
 TEMP_DIR_NAME = ".warmup-tmp"
@@ -75,8 +79,9 @@ RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 DOWNLOAD_ATTEMPTS = 4
 PRESIGN_S = 6 * 3600  # URLs signed by a pod pulling from the bucket: long enough for the largest pull
 # A manifest of the largest plan (2048 signatures, tens of files each, presigned URLs) is tens of MiB;
-# a larger answer is refused as it streams in, not read into memory.
+# a larger answer (from the API or the bucket) is refused as it streams in, not read into memory.
 MAX_MANIFEST_BYTES = 64 << 20
+ERROR_BODY_BYTES = 1 << 16  # of an error answer from a blob URL: enough for any message
 
 
 # --- the service's HTTP API ---------------------------------------------------------------------
@@ -84,30 +89,25 @@ MAX_MANIFEST_BYTES = 64 << 20
 
 class ServiceClient:
     """A small typed client of the trl-warmup API. Timeouts are on by default; the token comes from
-    the argument or WARMUP_TOKEN and is sent to the service only (never to presigned blob URLs)."""
+    the argument or WARMUP_TOKEN and is sent to the service only (never to presigned blob URLs, and
+    never along a redirect: none is followed)."""
 
     def __init__(
         self,
         server: str,
         *,
         token: str | None = None,
-        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
-        max_connections: int = 32,
+        timeout: float = DEFAULT_TIMEOUT_S,
         attempts: int = 4,
-        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         token = token or os.environ.get("WARMUP_TOKEN")
         self.auth_headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.timeout = timeout
         self.attempts = attempts
-        self.http = httpx.Client(
-            timeout=timeout,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
-        )
 
     def close(self) -> None:
-        self.http.close()
+        """Nothing is kept open between API calls; kept for `with ServiceClient(...)`."""
 
     def __enter__(self) -> ServiceClient:
         return self
@@ -115,26 +115,36 @@ class ServiceClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, method: str, path: str, *, max_bytes: int | None = None, **kwargs: Any) -> Any:
-        """One API call with retries on connection errors and 5xx; API errors become WarmupErrors.
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict[str, str] | None = None,
+        max_bytes: int = MAX_MANIFEST_BYTES,
+    ) -> Any:
+        """One API call with retries on connection errors, 429 and 5xx; API errors become WarmupErrors.
+        `body` is sent as JSON; an answer larger than `max_bytes` is refused (UnsafeArtifactError)
+        before it is all read."""
+        url = f"{self.server}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
+        headers = {**self.auth_headers, "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
 
-        With `max_bytes`, a larger answer is refused (UnsafeArtifactError) before it is all read.
-        """
-        url = f"{self.server}{path}"
-        headers = {**self.auth_headers, **kwargs.pop("headers", {})}
+        def call() -> Answer:
+            request = urllib.request.Request(url, data=data, headers=headers, method=method)
+            return fetch_answer(request, self.timeout, max_bytes)
 
-        def call() -> httpx.Response:
-            if max_bytes is None:
-                return self.http.request(method, url, headers=headers, **kwargs)
-            return _bounded_request(self.http, method, url, max_bytes, headers=headers, **kwargs)
-
-        response = _with_retries(call, what=url, attempts=self.attempts)
-        if response.status_code >= 400:
-            raise api_error(response)
-        return response.json() if response.content else None
+        answer = _with_retries(call, what=url, attempts=self.attempts)
+        if answer.status >= 400:
+            raise api_error(answer)
+        return answer.json() if answer.body else None
 
     def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.request("POST", "/v1/plans", json={"spec": spec})
+        return self.request("POST", "/v1/plans", body={"spec": spec})
 
     def submit(
         self,
@@ -149,7 +159,7 @@ class ServiceClient:
             body["toolchain"] = toolchain
         if pool is not None:
             body["pool"] = pool
-        return self.request("POST", "/v1/warmups", json=body)
+        return self.request("POST", "/v1/warmups", body=body)
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/warmups/{job_id}")
@@ -163,51 +173,91 @@ class ServiceClient:
     ) -> Manifest:
         body = {"spec": spec, "toolchain": toolchain, "allow_partial": allow_partial}
         try:
-            data = self.request("POST", "/v1/manifests", json=body, max_bytes=MAX_MANIFEST_BYTES)
+            data = self.request("POST", "/v1/manifests", body=body)
         except (ValueError, RecursionError) as error:  # the answer is not JSON (or nested past any parser)
             raise UnsafeArtifactError(f"refusing manifest from {self.server}: not JSON ({error})") from None
         return parse_manifest(data)
 
     def post_coverage(self, report: dict[str, Any]) -> dict[str, Any]:
-        return self.request("POST", "/v1/coverage", json=report)
+        return self.request("POST", "/v1/coverage", body=report)
 
     def coverage(self, job_id: str) -> list[dict[str, Any]]:
         return self.request("GET", f"/v1/warmups/{job_id}/coverage")
 
 
-def _bounded_request(
-    http: httpx.Client, method: str, url: str, max_bytes: int, **kwargs: Any
-) -> httpx.Response:
-    """`http.request`, reading at most `max_bytes` of the (decoded) answer."""
-    with http.stream(method, url, **kwargs) as response:
-        content = bytearray()
-        for chunk in response.iter_bytes():
-            content += chunk
-            if len(content) > max_bytes:
-                raise UnsafeArtifactError(f"refusing the answer of {url}: larger than {max_bytes} bytes")
-    # The body is decoded already: drop the headers that describe the encoded one.
-    headers = [
-        (name, value)
-        for name, value in response.headers.multi_items()
-        if name.lower() not in ("content-encoding", "content-length", "transfer-encoding")
-    ]
-    return httpx.Response(
-        response.status_code, headers=headers, content=bytes(content), request=response.request
-    )
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer read whole: its status, headers (case-insensitive) and body."""
+
+    status: int
+    headers: Message
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
 
 
-def api_error(response: httpx.Response) -> WarmupError:
+class TransportError(OSError):
+    """The request did not get an answer: refused, reset, timed out, cut short."""
+
+
+def fetch_answer(request: urllib.request.Request, timeout: float, max_bytes: int) -> Answer:
+    """Send `request` and read its answer (an error status is an answer too), at most `max_bytes`."""
+    try:
+        try:
+            response = _opener().open(request, timeout=timeout)
+        except urllib.error.HTTPError as error:  # 4xx and 5xx: the answer is read all the same
+            response = error
+        with response:
+            body = bytearray()
+            while chunk := response.read(CHUNK):
+                body += chunk
+                if len(body) > max_bytes:
+                    raise UnsafeArtifactError(
+                        f"refusing the answer of {request.full_url}: larger than {max_bytes} bytes"
+                    )
+            return Answer(response.status, response.headers, bytes(body))
+    except (OSError, http.client.HTTPException) as error:  # URLError is an OSError
+        reason = getattr(error, "reason", error)
+        raise TransportError(f"{type(reason).__name__}: {reason}") from error
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as the error it is for this API: following it could carry the token
+    to another host."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class _VerifiedHTTPS(urllib.request.HTTPSHandler):
+    """HTTPS verified with the client's CA bundle, loaded on the first HTTPS request only."""
+
+    def https_open(self, req: urllib.request.Request) -> Any:
+        return self.do_open(http.client.HTTPSConnection, req, context=_tls_context())
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """urllib's opener: the environment's proxies (HTTP(S)_PROXY, NO_PROXY), no redirects."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler(_proxies()), _NoRedirects, _VerifiedHTTPS)
+
+
+def api_error(answer: Answer) -> WarmupError:
     """Turn an API error answer into the matching WarmupError (the server's `error` code decides)."""
     try:
-        body = response.json()
+        body = answer.json()
     except (ValueError, RecursionError):
         body = {}
     detail = body.get("detail") if isinstance(body, dict) else None
     if not isinstance(detail, dict):
-        detail = {"message": detail if isinstance(detail, str) else response.text[:500]}
+        detail = {"message": detail if isinstance(detail, str) else answer.text[:500]}
     code = detail.get("error")
-    message = detail.get("message") or f"HTTP {response.status_code}"
-    if code == "invalid_spec" or response.status_code == 422:
+    message = detail.get("message") or f"HTTP {answer.status}"
+    if code == "invalid_spec" or answer.status == 422:
         problems = [_FieldProblem(p.get("loc", ""), p.get("msg", "")) for p in detail.get("problems", [])]
         return SpecError(problems or message)
     if code == "not_warmed":
@@ -217,39 +267,39 @@ def api_error(response: httpx.Response) -> WarmupError:
     if code == "toolchain_mismatch":
         differences = {k: (v[0], v[1]) for k, v in detail.get("differences", {}).items()}
         return ToolchainMismatchError(differences)
-    if response.status_code in (401, 403):
-        return AuthError(message, status=response.status_code)
-    return ServerError(f"{message} (HTTP {response.status_code})", status=response.status_code)
+    if answer.status in (401, 403):
+        return AuthError(message, status=answer.status)
+    return ServerError(f"{message} (HTTP {answer.status})", status=answer.status)
 
 
 def _with_retries(
-    call: Callable[[], httpx.Response], *, what: str, attempts: int = 4, first_delay: float = 0.5
-) -> httpx.Response:
+    call: Callable[[], Answer], *, what: str, attempts: int = 4, first_delay: float = 0.5
+) -> Answer:
     """Retry transient failures (connection errors, 429 and 5xx) with exponential backoff."""
     delay = first_delay
     for attempt in range(1, attempts + 1):
         try:
-            response = call()
-        except httpx.TransportError as error:
+            answer = call()
+        except TransportError as error:
             if attempt == attempts:
                 raise ServerUnreachableError(
-                    f"cannot reach {what} ({type(error).__name__}: {error}); is the server running and "
+                    f"cannot reach {what} ({error}); is the server running and "
                     "the URL right? (--server / WARMUP_SERVER)"
                 ) from None
         else:
-            if response.status_code not in RETRYABLE_STATUS or attempt == attempts:
-                return response
+            if answer.status not in RETRYABLE_STATUS or attempt == attempts:
+                return answer
             # A service that says when to come back (503 during a database restart) is believed.
-            delay = max(delay, _retry_after_s(response))
+            delay = max(delay, _retry_after_s(answer))
         time.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")
 
 
-def _retry_after_s(response: httpx.Response, cap_s: float = 30.0) -> float:
+def _retry_after_s(answer: Answer, cap_s: float = 30.0) -> float:
     """Retry-After in seconds (the delta form; an HTTP date counts as absent), at most `cap_s`."""
     try:
-        return min(cap_s, max(0.0, float(response.headers.get("retry-after", 0))))
+        return min(cap_s, max(0.0, float(answer.headers.get("retry-after", 0))))
     except ValueError:
         return 0.0
 
@@ -272,15 +322,14 @@ class HttpBlobSource:
     """Presigned URLs from the manifest, else the API's own blob route (with the API's token).
 
     Each download thread keeps one connection per host open, with the standard library's http.client:
-    a small blob costs about a third of what it costs through httpx, and warmed caches are hundreds to
-    thousands of small files. Requests that go through a proxy (HTTP(S)_PROXY) use the httpx client,
+    warmed caches are hundreds to thousands of small files, and a small blob costs about a third of
+    what it costs through httpx. Requests that go through a proxy (HTTP(S)_PROXY) go through urllib,
     which knows proxies.
     """
 
-    http: httpx.Client
     server: str | None
     headers: dict[str, str] = field(default_factory=dict)
-    timeout: float = 30.0
+    timeout: float = DEFAULT_TIMEOUT_S
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
     @contextlib.contextmanager
@@ -289,23 +338,28 @@ class HttpBlobSource:
         headers = {} if file.url else self.headers
         what = f"download of blob {file.sha256[:12]} from {urllib.parse.urlsplit(url).netloc} failed"
         if _proxied(url):
-            with self.http.stream("GET", url, headers=headers) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise _http_error(response, what, api=file.url is None)
-                yield response.iter_bytes(CHUNK)
+            with self._through_proxy(url, headers, what, api=file.url is None) as response:
+                yield _http_chunks(response, what)
             return
         key, response = self._get(url, headers, what)
         try:
             if response.status >= 400:
-                answer = httpx.Response(
-                    response.status, headers=response.getheaders(), content=response.read()
-                )
+                answer = Answer(response.status, response.msg, response.read(ERROR_BODY_BYTES))
                 raise _http_error(answer, what, api=file.url is None)
             yield _http_chunks(response, what)
         finally:
             if not response.isclosed():  # not read to the end: the connection cannot serve another request
                 self._drop(key)
+
+    def _through_proxy(self, url: str, headers: dict[str, str], what: str, *, api: bool) -> Any:
+        try:
+            return _opener().open(urllib.request.Request(url, headers=headers), timeout=self.timeout)
+        except urllib.error.HTTPError as error:
+            with error:
+                answer = Answer(error.status or 0, error.headers, error.read(ERROR_BODY_BYTES))
+            raise _http_error(answer, what, api=api) from None
+        except (OSError, http.client.HTTPException) as error:
+            raise TransientDownloadError(f"{what}: {type(error).__name__}: {error}") from error
 
     def _get(self, url: str, headers: dict[str, str], what: str) -> tuple[Any, http.client.HTTPResponse]:
         parts = urllib.parse.urlsplit(url)
@@ -354,10 +408,10 @@ def _http_chunks(response: http.client.HTTPResponse, what: str) -> Iterator[byte
         raise TransientDownloadError(f"{what}: the connection closed {response.length} bytes before the end")
 
 
-def _http_error(response: httpx.Response, what: str, *, api: bool) -> WarmupError:
-    if response.status_code in RETRYABLE_STATUS:
-        return TransientDownloadError(f"{what}: HTTP {response.status_code}")
-    return api_error(response) if api else StoreError(f"{what}: HTTP {response.status_code}")
+def _http_error(answer: Answer, what: str, *, api: bool) -> WarmupError:
+    if answer.status in RETRYABLE_STATUS:
+        return TransientDownloadError(f"{what}: HTTP {answer.status}")
+    return api_error(answer) if api else StoreError(f"{what}: HTTP {answer.status}")
 
 
 def _proxied(url: str) -> bool:
@@ -372,7 +426,7 @@ def _proxies() -> dict[str, str]:
 
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
-    """Verified TLS with the CA bundle httpx uses (certifi; SSL_CERT_FILE overrides): slim training
+    """Verified TLS with certifi's CA bundle (SSL_CERT_FILE overrides): slim training
     images often have no system CA bundle."""
     import certifi
 
@@ -406,7 +460,7 @@ def _read_chunks(handle: IO[bytes]) -> Iterator[bytes]:
 
 
 def _retryable(error: BaseException) -> bool:
-    return isinstance(error, TransientDownloadError | httpx.TransportError)
+    return isinstance(error, TransientDownloadError)
 
 
 # --- pull ---------------------------------------------------------------------------------------
@@ -495,7 +549,7 @@ def pull(
         )
     else:
         own_client = client is None
-        client = client or ServiceClient(server or "", token=token, max_connections=parallel)
+        client = client or ServiceClient(server or "", token=token)
         try:
             result = _pull_from_service(spec, dest, toolchain, client, allow_partial=allow_partial, **options)
         finally:
@@ -538,7 +592,7 @@ def _pull_from_service(
     result = install(
         manifest,
         dest,
-        HttpBlobSource(client.http, client.server, client.auth_headers),
+        HttpBlobSource(client.server, client.auth_headers, client.timeout),
         parallel=parallel,
         on_progress=on_progress,
     )
@@ -570,14 +624,13 @@ def _pull_from_store(
         files = [
             f.model_copy(update={"url": store.presigned_url(f.sha256, PRESIGN_S)}) for f in manifest.files
         ]
-        with httpx.Client(timeout=DEFAULT_TIMEOUT) as http:
-            result = install(
-                manifest.model_copy(update={"files": files}),
-                dest,
-                HttpBlobSource(http, None),
-                parallel=parallel,
-                on_progress=on_progress,
-            )
+        result = install(
+            manifest.model_copy(update={"files": files}),
+            dest,
+            HttpBlobSource(None),
+            parallel=parallel,
+            on_progress=on_progress,
+        )
     else:
         result = install(manifest, dest, StoreBlobSource(store), parallel=parallel, on_progress=on_progress)
     result.source = str(source)
@@ -716,6 +769,8 @@ def install(
     done = result.skipped
     bytes_total = sum(f.size for f in todo)
     staged: dict[str, Path] = {}
+    made: list[Path] = []  # folders this install created: removed again if it fails
+    installed = False
     temp_dir = dest / TEMP_DIR_NAME
 
     def report() -> None:
@@ -742,6 +797,12 @@ def install(
             temp_dir.mkdir(exist_ok=True)
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             futures = {pool.submit(fetch, file): file for file in todo}
+            try:
+                _make_folders(dest, todo, made)  # while the downloads run: a new cache has hundreds
+            except OSError:
+                for future in futures:
+                    future.cancel()
+                raise
             for future in concurrent.futures.as_completed(futures):
                 if future.cancelled():
                     continue
@@ -751,25 +812,25 @@ def install(
                     for other in futures:  # one failure fails the install: stop downloading
                         other.cancel()
         if not result.failures:
-            made: set[Path] = set()
             for file in todo:  # every file verified: now, and only now, install them
-                target = dest / file.path
-                if target.parent not in made:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    made.add(target.parent)
-                os.replace(staged.pop(file.path), target)
+                os.replace(staged.pop(file.path), dest / file.path)
                 index.record(dest, file)
             _save_local_manifest(dest, manifest)
+            installed = True
     finally:
         for leftover in staged.values():
             leftover.unlink(missing_ok=True)
-        if index.changed and not result.failures:  # a failed install leaves dest as it was
+        if index.changed and installed:  # a failed install leaves dest as it was
             index.save(dest)
         with contextlib.suppress(OSError):
             temp_dir.rmdir()
-        if created and result.failures:
-            with contextlib.suppress(OSError):
-                dest.rmdir()
+        if not installed:
+            for folder in reversed(made):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            if created:
+                with contextlib.suppress(OSError):
+                    dest.rmdir()
     result.seconds = time.monotonic() - started
     if result.failures:
         path, error = result.failures[0]
@@ -803,6 +864,17 @@ def _unique_paths(files: list[ManifestFile]) -> list[ManifestFile]:
             f"manifest lists {clash[0]!r} both as a file and as a folder of other files"
         )
     return list(by_path.values())
+
+
+def _make_folders(dest: Path, files: list[ManifestFile], made: list[Path]) -> None:
+    """Create the folders `files` go into, parents first, recording in `made` those that were new."""
+    folders = {folder for file in files for folder in _parents(file.path)}
+    for folder in sorted(folders, key=lambda relative: relative.count("/")):
+        try:
+            os.mkdir(dest / folder)
+        except FileExistsError:
+            continue
+        made.append(dest / folder)
 
 
 def _parents(path: str) -> list[str]:

@@ -20,6 +20,8 @@ from warmup.errors import UnsafeArtifactError
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _SHA256 = re.compile(SHA256_PATTERN)
+_PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]*")
+_CONTROL_OR_BACKSLASH = re.compile(r"[\x00-\x1f\\]")
 MAX_PATH_LENGTH = 1024
 MAX_NAME_BYTES = 255  # one path component, as Linux filesystems store it
 # Names the pull client keeps its own state under, in the cache directory: never a manifest's to write.
@@ -42,7 +44,7 @@ def check_relative_path(path: str) -> str:
         raise UnsafeArtifactError(f"artifact path {path!r} is empty")
     if len(path) > MAX_PATH_LENGTH:
         raise UnsafeArtifactError(f"artifact path is longer than {MAX_PATH_LENGTH} characters")
-    if any(ord(c) < 32 for c in path) or "\\" in path:
+    if _CONTROL_OR_BACKSLASH.search(path):
         raise UnsafeArtifactError(f"artifact path {path!r} has a control character or a backslash")
     if path.startswith("/") or re.match(r"^[A-Za-z]:", path):
         raise UnsafeArtifactError(f"artifact path {path!r} is absolute")
@@ -51,8 +53,20 @@ def check_relative_path(path: str) -> str:
         raise UnsafeArtifactError(f"artifact path {path!r} has an empty, '.' or '..' component")
     if posixpath.normpath(path) != path:
         raise UnsafeArtifactError(f"artifact path {path!r} is not normalised")
-    # Unicode: a path is written as its NFC UTF-8 bytes, without invisible or unencodable characters,
-    # and no component may turn into '.', '..' or a separator where names are normalised (NFKC).
+    if not _PRINTABLE_ASCII.fullmatch(path):  # printable ASCII (nearly every path) needs no Unicode check
+        _check_unicode(path, parts)
+    if any(len(part.encode()) > MAX_NAME_BYTES for part in parts):
+        raise UnsafeArtifactError(
+            f"artifact path {path!r:.80} has a component longer than {MAX_NAME_BYTES} bytes"
+        )
+    if parts[0].startswith(RESERVED_PREFIX):
+        raise UnsafeArtifactError(f"artifact path {path!r} is where the pull client keeps its own state")
+    return path
+
+
+def _check_unicode(path: str, parts: list[str]) -> None:
+    """A path is written as its NFC UTF-8 bytes, without invisible or unencodable characters, and no
+    component may turn into '.', '..' or a separator where names are normalised (NFKC)."""
     if any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn") for c in path):
         raise UnsafeArtifactError(
             f"artifact path {path!r} has an invisible, private or unencodable character"
@@ -63,13 +77,6 @@ def check_relative_path(path: str) -> str:
         folded = unicodedata.normalize("NFKC", part)
         if folded in (".", "..") or "/" in folded or "\\" in folded:
             raise UnsafeArtifactError(f"artifact path {path!r} has a component that normalises to {folded!r}")
-        if len(part.encode()) > MAX_NAME_BYTES:
-            raise UnsafeArtifactError(
-                f"artifact path {path!r:.80} has a component longer than {MAX_NAME_BYTES} bytes"
-            )
-    if parts[0].startswith(RESERVED_PREFIX):
-        raise UnsafeArtifactError(f"artifact path {path!r} is where the pull client keeps its own state")
-    return path
 
 
 class ManifestFile(BaseModel):

@@ -18,7 +18,6 @@ import math
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -343,6 +342,10 @@ def from_trl_cli_config(data: dict[str, Any], *, trainer: str | None = None) -> 
     return spec
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
 def load_spec(
     source: str | Path | dict[str, Any],
     *,
@@ -368,7 +371,14 @@ def load_spec(
     else:
         text = str(source)
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise SpecError(f"not valid YAML or JSON: {error}") from None
+        # JSON, as tools write specs, skips the YAML parser and its import; NaN and Infinity are
+        # left to YAML, which reads them as it always has.
+        data = json.loads(text, parse_constant=_not_json)
+    except ValueError:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise SpecError(f"not valid YAML or JSON: {error}") from None
     return parse_spec(data, trainer=trainer, target=target)

@@ -293,7 +293,7 @@ def _client_round_trip(client, services, spec, tc, model_dir, tmp_path):
         client.manifest(spec, tc.model_dump())
     play_worker(services, tc.key(), tmp_path)
     manifest = client.manifest(spec, tc.model_dump())
-    result = install(manifest, tmp_path / "pod-cache", HttpBlobSource(client.http, client.server))
+    result = install(manifest, tmp_path / "pod-cache", HttpBlobSource(client.server))
     assert result.downloaded == 2
     with pytest.raises(ToolchainMismatchError, match="torch"):
         client.manifest(spec, toolchain(torch="2.14.1").model_dump())

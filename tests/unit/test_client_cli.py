@@ -7,9 +7,9 @@ import json
 import os
 import subprocess
 import sys
+from email.message import Message
 from pathlib import Path
 
-import httpx
 import pytest
 
 from warmup import client
@@ -17,6 +17,7 @@ from warmup._sitecustomize import DIRECTORY
 from warmup.cli import build_parser
 
 SERVER_PACKAGES = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg", "boto3", "botocore")
+NOT_IN_THE_BASE_INSTALL = (*SERVER_PACKAGES, "httpx")  # the base install: pydantic, pyyaml, certifi
 
 
 def imported_after(code: str, *, absent: tuple[str, ...] = ()) -> list[str]:
@@ -33,7 +34,7 @@ def test_the_pod_side_runs_without_any_server_package():
     modules = imported_after(
         "import warmup.spec, warmup.toolchain, warmup.client, warmup.callback, warmup.manifest\n"
         "from warmup.cli import build_parser; build_parser().parse_args(['pull', 'x.yaml', '--dest', 'd'])",
-        absent=SERVER_PACKAGES,
+        absent=NOT_IN_THE_BASE_INSTALL,
     )
     assert "warmup.callback" in modules and "transformers" in modules  # the check did import them
 
@@ -44,7 +45,7 @@ def test_the_client_side_imports_no_server_package_even_when_installed():
     modules = imported_after(
         "import warmup.spec, warmup.toolchain, warmup.client, warmup.manifest, warmup.cli_pod"
     )
-    assert sorted({m.split(".")[0] for m in modules} & set(SERVER_PACKAGES)) == []
+    assert sorted({m.split(".")[0] for m in modules} & set(NOT_IN_THE_BASE_INSTALL)) == []
     assert "torch" not in modules and "transformers" not in modules  # `warmup pull` starts fast
 
 
@@ -120,15 +121,18 @@ def test_the_sitecustomize_raises_the_limits_and_runs_the_images_own(tmp_path):
 def test_the_client_waits_as_long_as_a_503_retry_after_says(monkeypatch):
     """During a database restart the API answers 503 with Retry-After: the client waits that long
     (not its own shorter backoff), then gets through."""
-    answers = iter(
-        [
-            httpx.Response(503, headers={"Retry-After": "5"}, json={"error": "database_unavailable"}),
-            httpx.Response(503, headers={"Retry-After": "5"}, json={"error": "database_unavailable"}),
-            httpx.Response(200, json={"status": "ok"}),
-        ]
-    )
+
+    def answer(status: int, body: bytes, **headers: str) -> client.Answer:
+        message = Message()
+        for name, value in headers.items():
+            message[name.replace("_", "-")] = value
+        return client.Answer(status, message, body)
+
+    busy = answer(503, b'{"error": "database_unavailable"}', Retry_After="5")
+    answers = iter([busy, busy, answer(200, b'{"status": "ok"}')])
     waits: list[float] = []
     monkeypatch.setattr(client.time, "sleep", waits.append)
-    service = client.ServiceClient("http://warmup", transport=httpx.MockTransport(lambda _: next(answers)))
+    monkeypatch.setattr(client, "fetch_answer", lambda *_: next(answers))
+    service = client.ServiceClient("http://warmup")
     assert service.request("GET", "/v1/jobs") == {"status": "ok"}
     assert waits == [5.0, 10.0]  # Retry-After, then doubled backoff from there

@@ -12,7 +12,6 @@ import os
 import threading
 from pathlib import Path
 
-import httpx
 import pytest
 
 from warmup.client import INDEX_NAME, HttpBlobSource, StoreBlobSource, install
@@ -85,12 +84,6 @@ def server():
     flaky.httpd.shutdown()
 
 
-@pytest.fixture
-def web():
-    with httpx.Client() as client:
-        yield client
-
-
 def manifest_of(files: list[ManifestFile]) -> Manifest:
     return Manifest(
         spec_key="s" * 64,
@@ -116,56 +109,56 @@ def installed(dest: Path) -> set[str]:
     }
 
 
-def test_transient_failures_are_retried_until_the_file_is_right(server, web, tmp_path):
+def test_transient_failures_are_retried_until_the_file_is_right(server, tmp_path):
     busy = server.file("fxgraph/a/entry", os.urandom(5000))
     dropped = server.file("kernels/b.so", os.urandom(300_000))
     server.fail[busy.sha256] = 2  # 503, 503, then 200
     server.cut[dropped.sha256] = 1  # half the body, connection closed, then whole
-    result = install(manifest_of([busy, dropped]), tmp_path, HttpBlobSource(web, None), parallel=2)
+    result = install(manifest_of([busy, dropped]), tmp_path, HttpBlobSource(None), parallel=2)
     assert result.downloaded == 2
     assert (server.requests[busy.sha256], server.requests[dropped.sha256]) == (3, 2)
     for file in (busy, dropped):
         assert hashlib.sha256((tmp_path / file.path).read_bytes()).hexdigest() == file.sha256
 
 
-def test_a_file_that_keeps_failing_gives_up_and_installs_nothing(server, web, tmp_path):
+def test_a_file_that_keeps_failing_gives_up_and_installs_nothing(server, tmp_path):
     good = server.file("good.bin", b"good bytes")
     down = server.file("down.bin", b"never served")
     server.fail[down.sha256] = 99
     with pytest.raises(StoreError, match="HTTP 503") as raised:
-        install(manifest_of([good, down]), tmp_path / "cache", HttpBlobSource(web, None), attempts=3)
+        install(manifest_of([good, down]), tmp_path / "cache", HttpBlobSource(None), attempts=3)
     assert "nothing was installed" in str(raised.value)
     assert server.requests[down.sha256] == 3
     assert installed(tmp_path / "cache") == set()  # the good file waited in a temp file, then went away
     assert not (tmp_path / "cache" / INDEX_NAME).exists()
 
 
-def test_a_missing_blob_and_a_corrupt_one_are_not_retried(server, web, tmp_path):
+def test_a_missing_blob_and_a_corrupt_one_are_not_retried(server, tmp_path):
     ghost = ManifestFile(path="ghost.bin", sha256="0" * 64, size=3, url=f"{server.url}/presigned/{'0' * 64}")
     with pytest.raises(StoreError, match="HTTP 404"):
-        install(manifest_of([ghost]), tmp_path / "a", HttpBlobSource(web, None))
+        install(manifest_of([ghost]), tmp_path / "a", HttpBlobSource(None))
     assert server.requests["0" * 64] == 1
     bad = server.file("bad.bin", b"the real content")
     server.corrupt.add(bad.sha256)
     with pytest.raises(BlobIntegrityError, match="sha256 mismatch"):
-        install(manifest_of([bad]), tmp_path / "b", HttpBlobSource(web, None))
+        install(manifest_of([bad]), tmp_path / "b", HttpBlobSource(None))
     assert server.requests[bad.sha256] == 1
     assert installed(tmp_path / "a") == installed(tmp_path / "b") == set()
 
 
-def test_the_token_goes_to_the_service_and_never_to_a_presigned_url(server, web, tmp_path):
+def test_the_token_goes_to_the_service_and_never_to_a_presigned_url(server, tmp_path):
     presigned = server.file("a.bin", b"from the bucket")
     routed = server.file("b.bin", b"from the api", presigned=False)
-    source = HttpBlobSource(web, server.url, {"Authorization": "Bearer wu_secret"})
+    source = HttpBlobSource(server.url, {"Authorization": "Bearer wu_secret"})
     install(manifest_of([presigned, routed]), tmp_path, source, parallel=1)
     sent = {h.get("Authorization") for h in server.headers}
     assert sent == {None, "Bearer wu_secret"} and len(server.headers) == 2
 
 
-def test_progress_counts_files_and_bytes_up_to_the_total(server, web, tmp_path):
+def test_progress_counts_files_and_bytes_up_to_the_total(server, tmp_path):
     files = [server.file(f"f{i}.bin", os.urandom(1000 * (i + 1))) for i in range(5)]
     seen = []
-    install(manifest_of(files), tmp_path, HttpBlobSource(web, None), parallel=2, on_progress=seen.append)
+    install(manifest_of(files), tmp_path, HttpBlobSource(None), parallel=2, on_progress=seen.append)
     last = seen[-1]
     assert (last.files_done, last.files_total) == (5, 5)
     assert last.bytes_done == last.bytes_total == sum(f.size for f in files)
@@ -220,7 +213,7 @@ def test_a_store_without_this_toolchains_manifest_names_the_closest_difference(t
     assert bucket_manifest(store, "s" * 64, ours).toolchain_key == ours.key()
 
 
-def test_downloads_go_through_the_proxy_the_environment_names(server, web, tmp_path, monkeypatch):
+def test_downloads_go_through_the_proxy_the_environment_names(server, tmp_path, monkeypatch):
     from warmup.client import _proxies
 
     monkeypatch.setenv("HTTP_PROXY", server.url)  # the test server answers as a proxy would
@@ -232,14 +225,13 @@ def test_downloads_go_through_the_proxy_the_environment_names(server, web, tmp_p
         file = file.model_copy(
             update={"url": f"http://blobs.invalid/presigned/{file.sha256}"}
         )  # no such host
-        with httpx.Client() as proxied:  # httpx reads the proxy from the environment
-            install(manifest_of([file]), tmp_path, HttpBlobSource(proxied, None))
+        install(manifest_of([file]), tmp_path, HttpBlobSource(None))
         assert (tmp_path / "a.bin").read_bytes() == b"through the proxy"
     finally:
         _proxies.cache_clear()
 
 
-def test_https_downloads_verify_the_certificate(server, web, tmp_path, monkeypatch):
+def test_https_downloads_verify_the_certificate(server, tmp_path, monkeypatch):
     import ssl
     import subprocess
 
@@ -259,10 +251,10 @@ def test_https_downloads_verify_the_certificate(server, web, tmp_path, monkeypat
     _tls_context.cache_clear()
     try:
         with pytest.raises(StoreError, match=r"not trusted.*SSL_CERT_FILE"):
-            install(manifest_of([file]), tmp_path / "untrusted", HttpBlobSource(web, None))
+            install(manifest_of([file]), tmp_path / "untrusted", HttpBlobSource(None))
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))
         _tls_context.cache_clear()
-        install(manifest_of([file]), tmp_path / "trusted", HttpBlobSource(web, None))
+        install(manifest_of([file]), tmp_path / "trusted", HttpBlobSource(None))
         assert (tmp_path / "trusted" / "a.bin").read_bytes() == b"over tls"
     finally:
         _tls_context.cache_clear()

@@ -12,7 +12,6 @@ import os
 import threading
 from pathlib import Path
 
-import httpx
 import pytest
 
 from warmup.client import HttpBlobSource, install
@@ -70,12 +69,6 @@ def server():
     blob_server.httpd.shutdown()
 
 
-@pytest.fixture
-def http_client():
-    with httpx.Client() as client:
-        yield client
-
-
 def manifest_of(files: list[ManifestFile]) -> Manifest:
     return Manifest(
         spec_key="s",
@@ -89,28 +82,28 @@ def manifest_of(files: list[ManifestFile]) -> Manifest:
     )
 
 
-def test_install_then_second_pull_downloads_nothing(server, http_client, tmp_path):
+def test_install_then_second_pull_downloads_nothing(server, tmp_path):
     files = [server.file(f"fxgraph/ab/k{i}/entry", os.urandom(1000 + i)) for i in range(40)]
     files.append(server.file("so/kernel.so", b"\x7fELF" + os.urandom(5000)))
     manifest = manifest_of(files)
     dest = tmp_path / "cache"
 
-    first = install(manifest, dest, HttpBlobSource(http_client, None), parallel=8)
+    first = install(manifest, dest, HttpBlobSource(None), parallel=8)
     assert (first.downloaded, first.skipped) == (41, 0)
     for file in files:
         assert hashlib.sha256((dest / file.path).read_bytes()).hexdigest() == file.sha256
 
     requests_before = server.requests
-    second = install(manifest, dest, HttpBlobSource(http_client, None), parallel=8)
+    second = install(manifest, dest, HttpBlobSource(None), parallel=8)
     assert (second.downloaded, second.skipped) == (0, 41)
     assert server.requests == requests_before
 
 
-def test_a_file_changed_on_disk_is_fetched_again(server, http_client, tmp_path):
+def test_a_file_changed_on_disk_is_fetched_again(server, tmp_path):
     file = server.file("a/b.bin", b"right content")
-    install(manifest_of([file]), tmp_path, HttpBlobSource(http_client, None))
+    install(manifest_of([file]), tmp_path, HttpBlobSource(None))
     (tmp_path / "a/b.bin").write_bytes(b"wrong content")
-    again = install(manifest_of([file]), tmp_path, HttpBlobSource(http_client, None))
+    again = install(manifest_of([file]), tmp_path, HttpBlobSource(None))
     assert again.downloaded == 1
     assert (tmp_path / "a/b.bin").read_bytes() == b"right content"
 
@@ -145,13 +138,13 @@ def test_hostile_paths_are_refused_before_anything_is_written(server, path, tmp_
         hostile, "files", [ManifestFile.model_construct(path=path, sha256=sha, size=7, url=None)]
     )
     with pytest.raises(UnsafeArtifactError):
-        install(hostile, tmp_path / "dest", HttpBlobSource(httpx.Client(), server.url))
+        install(hostile, tmp_path / "dest", HttpBlobSource(server.url))
     assert not (tmp_path / "dest").exists()
     assert server.requests == 0
 
 
-def test_missing_blob_fails_cleanly(server, http_client, tmp_path):
+def test_missing_blob_fails_cleanly(server, tmp_path):
     ghost = ManifestFile(path="ghost.bin", sha256="0" * 64, size=3, url=f"{server.url}/blobs/{'0' * 64}")
     with pytest.raises(Exception, match="HTTP 404"):
-        install(manifest_of([ghost]), tmp_path, HttpBlobSource(http_client, None))
+        install(manifest_of([ghost]), tmp_path, HttpBlobSource(None))
     assert not Path(tmp_path / "ghost.bin").exists()
