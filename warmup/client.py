@@ -18,11 +18,11 @@ per file). Paths that would land outside the destination are refused before anyt
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import hashlib
 import http.client
+import itertools
 import json
 import os
 import shutil
@@ -139,6 +139,12 @@ class ServiceClient:
             return fetch_answer(request, self.timeout, max_bytes)
 
         answer = _with_retries(call, what=url, attempts=self.attempts)
+        if 300 <= answer.status < 400:
+            raise ServerError(
+                f"{url} answered HTTP {answer.status}, a redirect to {answer.headers.get('Location')}, which is "
+                "not followed (it could carry the token elsewhere): give the service's own URL",
+                status=answer.status,
+            )
         if answer.status >= 400:
             raise api_error(answer)
         return answer.json() if answer.body else None
@@ -782,35 +788,53 @@ def install(
         with lock:
             streamed += size
 
-    def fetch(file: ManifestFile) -> None:
+    queue = iter(todo)
+    stop = threading.Event()  # set when a file has failed, or the install was interrupted
+
+    def download() -> None:
+        """One download thread: takes the next file until none is left or the install stops."""
         nonlocal done
-        staged_path = _download_one(temp_dir, file, source, count, attempts)
-        with lock:
-            staged[file.path] = staged_path
-            result.downloaded += 1
-            result.bytes_downloaded += file.size
-            done += 1
-            report()
+        while not stop.is_set():
+            with lock:
+                file = next(queue, None)
+            if file is None:
+                return
+            try:
+                staged_path = _download_one(temp_dir, file, source, count, attempts)
+            except BaseException as error:
+                with lock:  # one failure fails the install: the others stop after their current file
+                    result.failures.append((file.path, error))
+                stop.set()
+                return
+            with lock:
+                staged[file.path] = staged_path
+                result.downloaded += 1
+                result.bytes_downloaded += file.size
+                done += 1
+                report()
 
     try:
         if todo:
             temp_dir.mkdir(exist_ok=True)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            futures = {pool.submit(fetch, file): file for file in todo}
-            try:
-                _make_folders(dest, todo, made)  # while the downloads run: a new cache has hundreds
-            except OSError:
-                for future in futures:
-                    future.cancel()
-                raise
-            for future in concurrent.futures.as_completed(futures):
-                if future.cancelled():
-                    continue
-                error = future.exception()
-                if error is not None:
-                    result.failures.append((futures[future].path, error))
-                    for other in futures:  # one failure fails the install: stop downloading
-                        other.cancel()
+        # Before the downloads start: with them running, each mkdir would wait for the GIL.
+        _make_folders(dest, todo, made)
+        # Plain threads taking files from one queue: a future per file would wake this thread for
+        # each, and with hundreds of small files every wake-up competes for the GIL.
+        threads = [
+            threading.Thread(target=download, name=f"warmup-pull-{n}", daemon=True)
+            for n in range(min(max(1, parallel), len(todo)))
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        except BaseException:  # interrupted: let the threads finish their current file, then clean up
+            stop.set()
+            for thread in threads:
+                if thread.is_alive():
+                    thread.join()
+            raise
         if not result.failures:
             for file in todo:  # every file verified: now, and only now, install them
                 os.replace(staged.pop(file.path), dest / file.path)
@@ -928,19 +952,21 @@ def _download_one(
     """Download one blob into a verified temp file in `temp_dir`; transient failures are retried."""
     delay = 0.5
     for attempt in range(1, attempts + 1):
-        handle, name = tempfile.mkstemp(dir=temp_dir, prefix=file.sha256[:12])
+        name, handle = _new_temp_file(temp_dir, file.sha256[:12])
         try:
-            with os.fdopen(handle, "wb") as out:
-                os.fchmod(out.fileno(), 0o644)  # the training container may run as another user
+            try:
+                os.fchmod(handle, 0o644)  # the training container may run as another user
                 digest = hashlib.sha256()
-                size = _copy_stream(file, source, out, digest, count)
+                size = _copy_stream(file, source, handle, digest, count)
+            finally:
+                os.close(handle)
             if size != file.size:
                 raise BlobIntegrityError(f"size {size} != expected {file.size} for blob {file.sha256[:12]}")
             if digest.hexdigest() != file.sha256:
                 raise BlobIntegrityError(
                     f"sha256 mismatch for {file.path} (blob {file.sha256[:12]} is corrupt in the store)"
                 )
-            return Path(name)
+            return name
         except BaseException as error:
             with contextlib.suppress(OSError):
                 os.unlink(name)
@@ -951,8 +977,22 @@ def _download_one(
     raise AssertionError("unreachable")
 
 
+_temp_names = itertools.count()
+
+
+def _new_temp_file(folder: Path, prefix: str) -> tuple[Path, int]:
+    """A new file of our own in `folder` (O_EXCL), opened for writing: a plain descriptor costs fewer
+    system calls than tempfile's file objects, and hundreds of threads' calls each wait for the GIL."""
+    while True:
+        name = folder / f"{prefix}.{os.getpid()}.{next(_temp_names)}"
+        try:
+            return name, os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:  # another process pulling into the same directory: take the next name
+            continue
+
+
 def _copy_stream(
-    file: ManifestFile, source: BlobSource, out: IO[bytes], digest: Any, count: Callable[[int], None]
+    file: ManifestFile, source: BlobSource, handle: int, digest: Any, count: Callable[[int], None]
 ) -> int:
     size = 0
     with source.open(file) as chunks:
@@ -963,7 +1003,9 @@ def _copy_stream(
                     f"blob {file.sha256[:12]} is larger than the {file.size} bytes expected"
                 )
             digest.update(chunk)
-            out.write(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(handle, view) :]
             count(len(chunk))
     return size
 

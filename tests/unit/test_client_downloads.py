@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from warmup.client import INDEX_NAME, HttpBlobSource, StoreBlobSource, install
-from warmup.errors import BlobIntegrityError, StoreError
+from warmup.client import INDEX_NAME, HttpBlobSource, ServiceClient, StoreBlobSource, install
+from warmup.errors import BlobIntegrityError, ServerError, StoreError
 from warmup.manifest import Manifest, ManifestFile
 from warmup.store import LocalBlobStore
 
@@ -153,6 +153,28 @@ def test_the_token_goes_to_the_service_and_never_to_a_presigned_url(server, tmp_
     install(manifest_of([presigned, routed]), tmp_path, source, parallel=1)
     sent = {h.get("Authorization") for h in server.headers}
     assert sent == {None, "Bearer wu_secret"} and len(server.headers) == 2
+
+
+def test_the_api_client_follows_no_redirect_so_its_token_stays_with_the_service(server):
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", f"{server.url}/blobs/elsewhere")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    redirecting = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=redirecting.serve_forever, daemon=True).start()
+    try:
+        service = ServiceClient(f"http://127.0.0.1:{redirecting.server_address[1]}", token="wu_secret")
+        with pytest.raises(ServerError, match="HTTP 302"):
+            service.job("j1")
+    finally:
+        redirecting.shutdown()
+    assert server.headers == []  # the redirect's target was never asked, with or without the token
 
 
 def test_progress_counts_files_and_bytes_up_to_the_total(server, tmp_path):
