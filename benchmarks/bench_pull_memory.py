@@ -4,8 +4,9 @@ A 2 GB blob of random bytes is uploaded into a SeaweedFS bucket started here, wi
 lists it; then fresh processes pull it into an empty directory, and each one's peak resident set
 (its VmHWM in /proc) is measured against the same process pulling a 1 KB blob:
 
-- from the bucket (`warmup.client.pull(..., source="s3://...")`, boto3 streaming), toolchain given;
-- through a presigned URL, as a pull through the API does (`install` with httpx streaming);
+- from the bucket (`warmup.client.pull(..., source="s3://...")`: it signs the GET itself and streams it
+  over http.client), toolchain given;
+- through a presigned URL, as a pull through the API does (`install`, streaming over http.client);
 - the whole `warmup pull --from` command, which also imports torch to compute the toolchain.
 
     python benchmarks/bench_pull_memory.py [--size-gb 2]
