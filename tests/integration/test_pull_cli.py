@@ -21,7 +21,7 @@ import pytest
 from api.services import Services
 from api.settings import Settings
 from tests.support.live_server import serve
-from tests.support.pods import hostile_manifest, hostile_server, play_worker, publish
+from tests.support.pods import HostileService, hostile_manifest, hostile_service, play_worker, publish
 from tests.support.tiny_model import write_tiny_model
 from warmup.backends import recompile_limits
 from warmup.client import INDEX_NAME, ServiceClient, install, pull, read_local_manifest
@@ -336,10 +336,10 @@ def test_a_hostile_manifest_writes_nothing(
     spec = load_spec(spec_file)
     blob = b"#!/bin/sh\necho owned\n"
     hostile = hostile_manifest(spec, pod_toolchain, path, blob)
-    with hostile_server(hostile, blob) as server:  # a compromised service
+    with hostile_service(HostileService(hostile)) as server:  # a compromised service
         with pytest.raises(UnsafeArtifactError, match="refusing manifest"):
             pull(spec, tmp_path / "api" / "cache", server=server.url, toolchain=pod_toolchain)
-        assert server.counts["blobs"] == 0
+        assert server.blob_requests == 0
     key = f"{PREFIX}/{manifest_object_key(spec.key(), pod_toolchain.key())}"
     s3_env.client().put_object(
         Bucket=s3_bucket, Key=key, Body=json.dumps(hostile).encode()
@@ -367,7 +367,7 @@ def test_the_cli_refuses_a_hostile_manifest_from_the_service_and_from_the_bucket
     spec = load_spec(spec_file)
     blob = b"payload"
     hostile = hostile_manifest(spec, pod_toolchain, "../../escaped.bin", blob)
-    with hostile_server(hostile, blob) as server:
+    with hostile_service(HostileService(hostile)) as server:
         answered = warmup("pull", spec_file, "--server", server.url, "--dest", tmp_path / "a" / "cache")
     key = f"{PREFIX}/{manifest_object_key(spec.key(), pod_toolchain.key())}"
     s3_env.client().put_object(Bucket=s3_bucket, Key=key, Body=json.dumps(hostile).encode())

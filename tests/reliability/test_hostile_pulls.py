@@ -11,18 +11,16 @@ for a blob at all.
 from __future__ import annotations
 
 import hashlib
-import http.server
-import json
 import os
-import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.reliability.ledger import Row, record
+from tests.support.pods import HostileService, hostile_service
 from warmup.client import LOCAL_MANIFESTS_DIR, MAX_MANIFEST_BYTES, TEMP_DIR_NAME, pull
 from warmup.errors import BlobIntegrityError, UnsafeArtifactError, WarmupError
 from warmup.spec import Spec
@@ -72,77 +70,15 @@ def manifest(*files: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     }
 
 
-@dataclass
-class Served:
-    """What the server answers: the manifest (raw bytes or an object), blobs by sha, lies about blobs."""
-
-    manifest: bytes | dict[str, Any] = field(
-        default_factory=lambda: manifest(*[entry(p, d) for p, d in GOOD.items()])
-    )
-    blobs: dict[str, bytes] = field(default_factory=dict)
-    lies: dict[str, bytes] = field(default_factory=dict)  # sha -> bytes served instead
-    endless: set[str] = field(default_factory=set)  # sha -> served as BIG_BLOB bytes of zeros
-    blob_requests: int = 0
-    bytes_sent: int = 0
-
-
 @pytest.fixture
-def served() -> Iterator[tuple[Served, str]]:
-    state = Served()
-    for data in (*GOOD.values(), PAYLOAD):
-        state.blobs[sha(data)] = data
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def _send(self, body: bytes, kind: str) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            raw = state.manifest
-            self._send(raw if isinstance(raw, bytes) else json.dumps(raw).encode(), "application/json")
-
-        def do_GET(self) -> None:
-            state.blob_requests += 1
-            key = self.path.rsplit("/", 1)[-1]
-            if (
-                key in state.endless
-            ):  # a blob that never ends: the client must stop reading, not fill the disk
-                self.send_response(200)
-                self.send_header("Content-Length", str(BIG_BLOB))
-                self.end_headers()
-                chunk = b"\0" * (1 << 16)
-                try:
-                    for _ in range(BIG_BLOB // len(chunk)):
-                        self.wfile.write(chunk)
-                        state.bytes_sent += len(chunk)
-                except OSError:
-                    pass  # the client hung up: what we want
-                self.close_connection = True
-                return
-            body = state.lies.get(key, state.blobs.get(key))
-            if body is None:
-                self.send_response(404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            self._send(body, "application/octet-stream")
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+def served() -> Iterator[tuple[HostileService, str]]:
+    state = HostileService(
+        manifest(*[entry(p, d) for p, d in GOOD.items()]),
+        blobs={sha(data): data for data in (*GOOD.values(), PAYLOAD)},
+        endless_bytes=BIG_BLOB,
+    )
+    with hostile_service(state) as running:
+        yield running, running.url
 
 
 def snapshot(root: Path) -> dict[str, tuple[str, Any]]:
@@ -162,11 +98,11 @@ def snapshot(root: Path) -> dict[str, tuple[str, Any]]:
 
 # --- the table -------------------------------------------------------------------------------------
 
-Setup = Callable[[Path, Path, Served], None]  # (cache dir, the folder outside it, the server)
+Setup = Callable[[Path, Path, HostileService], None]  # (cache dir, the folder outside it, the server)
 
 
 def paths(path: str) -> Setup:
-    def setup(cache: Path, outside: Path, state: Served) -> None:
+    def setup(cache: Path, outside: Path, state: HostileService) -> None:
         state.manifest = manifest(entry("innocent.bin", b"innocent"), entry(path))
         state.blobs[sha(b"innocent")] = b"innocent"
 
@@ -174,7 +110,7 @@ def paths(path: str) -> Setup:
 
 
 def answer(raw: bytes | dict[str, Any]) -> Setup:
-    def setup(cache: Path, outside: Path, state: Served) -> None:
+    def setup(cache: Path, outside: Path, state: HostileService) -> None:
         state.manifest = raw
 
     return setup
@@ -183,7 +119,7 @@ def answer(raw: bytes | dict[str, Any]) -> Setup:
 def link(name: str, to: str, path: str) -> Setup:
     """A symlink at `name` in the cache dir to `to` outside it, and a manifest that writes to `path`."""
 
-    def setup(cache: Path, outside: Path, state: Served) -> None:
+    def setup(cache: Path, outside: Path, state: HostileService) -> None:
         target = outside / to
         if not target.exists():
             target.mkdir() if "." not in to else target.write_bytes(b"outside, not to be touched")
@@ -196,7 +132,7 @@ def link(name: str, to: str, path: str) -> Setup:
 def blob(served_bytes: bytes | None = None, *, endless: bool = False, **overrides: Any) -> Setup:
     """A manifest of one good file and one whose blob the server lies about."""
 
-    def setup(cache: Path, outside: Path, state: Served) -> None:
+    def setup(cache: Path, outside: Path, state: HostileService) -> None:
         victim = entry("victim/kernel.so", PAYLOAD, **overrides)
         state.manifest = manifest(entry("fxgraph/ab/fabc/entry", GOOD["fxgraph/ab/fabc/entry"]), victim)
         if served_bytes is not None:
@@ -207,12 +143,12 @@ def blob(served_bytes: bytes | None = None, *, endless: bool = False, **override
     return setup
 
 
-def file_in_the_way(cache: Path, outside: Path, state: Served) -> None:
+def file_in_the_way(cache: Path, outside: Path, state: HostileService) -> None:
     (cache / "plain").write_bytes(b"a file where the manifest wants a folder")
     state.manifest = manifest(entry("plain/inner.bin"))
 
 
-def folder_in_the_way(cache: Path, outside: Path, state: Served) -> None:
+def folder_in_the_way(cache: Path, outside: Path, state: HostileService) -> None:
     (cache / "folder").mkdir()
     state.manifest = manifest(entry("folder"))
 
@@ -319,7 +255,7 @@ CASES = [
 ]
 
 
-def symlinked_manifests_dir(cache: Path, outside: Path, state: Served) -> None:
+def symlinked_manifests_dir(cache: Path, outside: Path, state: HostileService) -> None:
     """The folder of installed manifests replaced by a link outside: the next manifest would go there."""
     real = cache / LOCAL_MANIFESTS_DIR
     moved = outside / "manifests"

@@ -1,5 +1,5 @@
 """Helpers of the pull tests: a worker played by the queue, the worker's manifest publishing, and a
-hostile server.
+hostile service.
 
 `play_worker` does what a worker does after compiling (reserve, upload, complete), with files laid
 out as an Inductor cache lays them out, so the pull tests need no compile. `publish` writes a job's
@@ -14,6 +14,7 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +86,25 @@ def hostile_manifest(spec: Spec, toolchain: Toolchain, path: str, blob: bytes) -
     }
 
 
+@dataclass
+class HostileService:
+    """What a compromised or buggy service answers: `manifest` (raw bytes or an object) to every manifest
+    request, and blobs by sha256, some of them lies (other bytes) or endless (`endless_bytes` of zeros
+    for a blob the manifest says is small). Counts the blob requests and the bytes sent for them."""
+
+    manifest: bytes | dict[str, Any]
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    lies: dict[str, bytes] = field(default_factory=dict)
+    endless: set[str] = field(default_factory=set)
+    endless_bytes: int = 64 << 20
+    blob_requests: int = 0
+    bytes_sent: int = 0
+    url: str = ""
+
+
 @contextmanager
-def hostile_server(manifest: dict[str, Any], blob: bytes) -> Iterator[Any]:
-    """A server that answers every manifest request with `manifest` and every blob with `blob`:
-    what a compromised or buggy service could send. Counts the blob requests it gets."""
-    counts = {"blobs": 0}
+def hostile_service(state: HostileService) -> Iterator[HostileService]:
+    """Serve `state` on a local port (its `url`) until the block ends."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -103,11 +118,35 @@ def hostile_server(manifest: dict[str, Any], blob: bytes) -> Iterator[Any]:
 
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self._send(json.dumps(manifest).encode(), "application/json")
+            raw = state.manifest
+            self._send(raw if isinstance(raw, bytes) else json.dumps(raw).encode(), "application/json")
 
         def do_GET(self) -> None:
-            counts["blobs"] += 1
-            self._send(blob, "application/octet-stream")
+            state.blob_requests += 1
+            key = self.path.rsplit("/", 1)[-1]
+            if key in state.endless:  # the client must stop reading, not fill the disk
+                self._send_endless()
+                return
+            body = state.lies.get(key, state.blobs.get(key))
+            if body is None:
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self._send(body, "application/octet-stream")
+
+        def _send_endless(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(state.endless_bytes))
+            self.end_headers()
+            chunk = b"\0" * (1 << 16)
+            try:
+                for _ in range(state.endless_bytes // len(chunk)):
+                    self.wfile.write(chunk)
+                    state.bytes_sent += len(chunk)
+            except OSError:
+                pass  # the client hung up: what we want
+            self.close_connection = True
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -115,8 +154,8 @@ def hostile_server(manifest: dict[str, Any], blob: bytes) -> Iterator[Any]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        server.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
-        server.counts = counts  # type: ignore[attr-defined]
-        yield server
+        state.url = f"http://127.0.0.1:{server.server_address[1]}"
+        yield state
     finally:
         server.shutdown()
+        server.server_close()
