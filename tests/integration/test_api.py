@@ -16,30 +16,13 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.services import Services
 from api.settings import Settings
+from tests.fixtures.factories import cpu_toolchain
 from tests.support.live_server import serve
 from tests.support.tiny_model import write_tiny_model
 from warmup.client import HttpBlobSource, ServiceClient, install
 from warmup.db.records import FileRef
 from warmup.db.tokens import TokenStore
 from warmup.errors import NotWarmedError, PartlyWarmedError, SpecError, ToolchainMismatchError
-from warmup.toolchain import Toolchain
-
-
-def toolchain(**overrides) -> Toolchain:
-    fields = dict(
-        backend="inductor",
-        device="cpu",
-        python="3.11.7",
-        torch="2.13.0+cpu",
-        torch_key="ab" * 32,
-        transformers="5.24.0",
-        trl="1.16.0",
-        accelerate="1.15.0",
-        device_kind="cpu",
-        cpu_isa="avx512",
-        num_threads=2,
-    )
-    return Toolchain(**(fields | overrides))
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +128,7 @@ def test_oversized_body_is_413(api, model_dir):
 
 def test_submit_is_idempotent_and_manifest_follows_the_work(api, services, model_dir, tmp_path):
     spec = spec_body(model_dir)
-    tc = toolchain()
+    tc = cpu_toolchain()
     submit = {"spec": spec, "toolchain": tc.model_dump()}
     first = api.post("/v1/warmups", json=submit)
     assert first.status_code == 201, first.text
@@ -177,7 +160,7 @@ def test_submit_is_idempotent_and_manifest_follows_the_work(api, services, model
 
 
 def test_manifest_is_refused_until_every_blob_is_in_the_store(api, services, model_dir, tmp_path):
-    spec, tc = spec_body(model_dir, max_tokens=100, max_length=128), toolchain()
+    spec, tc = spec_body(model_dir, max_tokens=100, max_length=128), cpu_toolchain()
     job = api.post("/v1/warmups", json={"spec": spec, "toolchain": tc.model_dump()}).json()
     assert job["counts"]["queued"] >= 2
     task = services.queue.claim("w", tc.key(), lease_s=60)
@@ -199,10 +182,10 @@ def test_manifest_is_refused_until_every_blob_is_in_the_store(api, services, mod
 
 
 def test_toolchain_mismatch_names_the_fields(api, services, model_dir, tmp_path):
-    spec, built = spec_body(model_dir), toolchain()
+    spec, built = spec_body(model_dir), cpu_toolchain()
     api.post("/v1/warmups", json={"spec": spec, "toolchain": built.model_dump()})
     play_worker(services, built.key(), tmp_path)
-    pod = toolchain(torch="2.14.1", cpu_isa="avx2")
+    pod = cpu_toolchain(torch="2.14.1", cpu_isa="avx2")
     answer = api.post("/v1/manifests", json={"spec": spec, "toolchain": pod.model_dump()})
     assert answer.status_code == 409
     detail = answer.json()["detail"]
@@ -211,7 +194,7 @@ def test_toolchain_mismatch_names_the_fields(api, services, model_dir, tmp_path)
 
 
 def test_entries_are_reused_across_specs(api, services, model_dir, tmp_path):
-    tc = toolchain()
+    tc = cpu_toolchain()
     api.post("/v1/warmups", json={"spec": spec_body(model_dir), "toolchain": tc.model_dump()})
     play_worker(services, tc.key(), tmp_path)
     # Same graphs, a different dataset size: nothing new to compile.
@@ -221,7 +204,7 @@ def test_entries_are_reused_across_specs(api, services, model_dir, tmp_path):
 
 
 def test_concurrent_identical_submissions_make_one_job(api, model_dir):
-    submit = {"spec": spec_body(model_dir), "toolchain": toolchain().model_dump()}
+    submit = {"spec": spec_body(model_dir), "toolchain": cpu_toolchain().model_dump()}
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: api.post("/v1/warmups", json=submit), range(8)))
     assert sorted(a.status_code for a in answers) == [200] * 7 + [201]
@@ -229,7 +212,7 @@ def test_concurrent_identical_submissions_make_one_job(api, model_dir):
 
 
 def test_coverage_misses_become_tasks(api, services, model_dir, tmp_path):
-    spec, tc = spec_body(model_dir), toolchain()
+    spec, tc = spec_body(model_dir), cpu_toolchain()
     api.post("/v1/warmups", json={"spec": spec, "toolchain": tc.model_dump()})
     play_worker(services, tc.key(), tmp_path)
     planned = api.post("/v1/plans", json={"spec": spec}).json()["signatures"][0]
@@ -262,7 +245,9 @@ def test_coverage_misses_become_tasks(api, services, model_dir, tmp_path):
 def test_unknown_pool_and_wrong_backend_are_422(api, model_dir):
     answer = api.post("/v1/warmups", json={"spec": spec_body(model_dir), "pool": "trn2-pool"})
     assert answer.status_code == 422 and "trn2-pool" in answer.json()["detail"]["message"]
-    neuron = toolchain(backend="neuron", device="neuron", device_kind="trn2", cpu_isa=None, num_threads=None)
+    neuron = cpu_toolchain(
+        backend="neuron", device="neuron", device_kind="trn2", cpu_isa=None, num_threads=None
+    )
     answer = api.post("/v1/warmups", json={"spec": spec_body(model_dir), "toolchain": neuron.model_dump()})
     assert answer.status_code == 422
     both = api.post("/v1/warmups", json={"spec": spec_body(model_dir)})
@@ -277,7 +262,7 @@ def test_health(api):
 
 def test_client_library_against_a_live_server(services, model_dir, tmp_path):
     """warmup.client maps every API answer back to the same exception."""
-    spec, tc = spec_body(model_dir), toolchain()
+    spec, tc = spec_body(model_dir), cpu_toolchain()
     with serve(services) as url, ServiceClient(url) as client:
         _client_round_trip(client, services, spec, tc, model_dir, tmp_path)
 
@@ -296,7 +281,7 @@ def _client_round_trip(client, services, spec, tc, model_dir, tmp_path):
     result = install(manifest, tmp_path / "pod-cache", HttpBlobSource(client.server))
     assert result.downloaded == 2
     with pytest.raises(ToolchainMismatchError, match="torch"):
-        client.manifest(spec, toolchain(torch="2.14.1").model_dump())
+        client.manifest(spec, cpu_toolchain(torch="2.14.1").model_dump())
     bigger = spec_body(model_dir, max_tokens=100, max_length=128)
     client.submit(bigger, toolchain=tc.model_dump())
     play_worker(services, tc.key(), tmp_path, tasks=1)
@@ -328,7 +313,7 @@ def test_auth_scopes(sqlite_url, tmp_path, model_dir):
         assert (
             api.post("/v1/plans", json=plan, headers={"Authorization": f"Bearer {reader}"}).status_code == 200
         )
-        submit = {"spec": spec_body(model_dir), "toolchain": toolchain().model_dump()}
+        submit = {"spec": spec_body(model_dir), "toolchain": cpu_toolchain().model_dump()}
         forbidden = api.post("/v1/warmups", json=submit, headers={"Authorization": f"Bearer {reader}"})
         assert forbidden.status_code == 403 and "submit" in forbidden.json()["detail"]["message"]
         ok = api.post("/v1/warmups", json=submit, headers={"Authorization": f"Bearer {submitter}"})

@@ -7,6 +7,7 @@ import hashlib
 
 import pytest
 
+from tests.fixtures.factories import cpu_toolchain
 from tests.support.tiny_model import write_tiny_model
 from warmup.db.engine import make_engine
 from warmup.db.manifests import build_manifest
@@ -16,12 +17,8 @@ from warmup.db.repository import Repository
 from warmup.errors import UnsafeArtifactError
 from warmup.planner import plan_spec
 from warmup.spec import load_spec
-from warmup.toolchain import Toolchain
 
-TOOLCHAIN = Toolchain(
-    backend="inductor", device="cpu", python="3.11.7", torch="2.13.0+cpu", torch_key="ab" * 32,
-    device_kind="cpu", cpu_isa="avx512", num_threads=2,
-)  # fmt: skip
+TOOLCHAIN = cpu_toolchain()
 
 
 def ref(path: str, content: bytes) -> FileRef:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import factories
+from tests.fixtures.factories import cpu_toolchain
 from warmup.db.engine import make_engine
 from warmup.db.queue import TaskQueue
 from warmup.logs import configure_logging, log_context, redact
 from warmup.store import LocalBlobStore
-from warmup.toolchain import Toolchain
 from worker.loop import Worker, WorkerOptions
 
 SECRETS = {
@@ -102,14 +102,7 @@ def test_worker_log_lines_carry_the_task_id(sqlite_url: str, tmp_path: Path, cap
         WorkerOptions(database_url=sqlite_url, store_url=str(tmp_path / "blobs"), worker_id="w-1"),
         engine=engine,
         store=LocalBlobStore(tmp_path / "blobs"),
-        toolchain=Toolchain(
-            backend="inductor",
-            device="cpu",
-            python="3.11",
-            torch="2.13.0",
-            torch_key="ab" * 32,
-            device_kind="cpu",
-        ),
+        toolchain=cpu_toolchain(),
     )
     outcome = worker.process(task.model_copy(update={"spec": None}))
     assert outcome.status == "failed"

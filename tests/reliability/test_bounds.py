@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from api.app import create_app
 from api.services import Services
 from api.settings import Settings
+from tests.fixtures.factories import cpu_toolchain
 from tests.reliability.ledger import Row, record
 from tests.support.tiny_model import write_tiny_model
 from warmup.errors import PlanTooLargeError
@@ -30,14 +31,7 @@ from warmup.planner.common import padded_lengths
 from warmup.planner.online import Rollouts
 from warmup.spec import MAX_CONFIG_VALUES, MAX_NESTING, MAX_WORLD_SIZE, Spec
 
-TOOLCHAIN = {
-    "backend": "inductor",
-    "device": "cpu",
-    "python": "3.11.7",
-    "torch": "2.13.0+cpu",
-    "torch_key": "ab" * 32,
-    "device_kind": "cpu",
-}
+TOOLCHAIN = cpu_toolchain().model_dump(mode="json")
 # A planning that lists no more than MAX_SIGNATURES signatures stays far below this; the refused
 # specs below would need gigabytes if their lengths were listed first.
 PLANNING_MEMORY_BOUND = 64 << 20

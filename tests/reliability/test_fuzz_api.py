@@ -31,6 +31,7 @@ from schemathesis.checks import CHECKS
 from api.app import create_app
 from api.services import Services
 from api.settings import Settings
+from tests.fixtures.factories import cpu_toolchain
 from tests.reliability.ledger import Row, record
 from tests.support.tiny_model import write_tiny_model
 from warmup.db.tokens import TokenStore
@@ -174,19 +175,7 @@ def _json(content: bytes) -> Any:
 # --- hypothesis: plausible specs, one field broken -------------------------------------------------
 
 SPEC_ROUTES = ("/v1/plans", "/v1/warmups", "/v1/manifests", "/v1/coverage")
-TOOLCHAIN = {
-    "backend": "inductor",
-    "device": "cpu",
-    "python": "3.11.7",
-    "torch": "2.13.0+cpu",
-    "torch_key": "ab" * 32,
-    "transformers": "5.24.0",
-    "trl": "1.16.0",
-    "accelerate": "1.15.0",
-    "device_kind": "cpu",
-    "cpu_isa": "avx512",
-    "num_threads": 2,
-}
+TOOLCHAIN = cpu_toolchain().model_dump(mode="json")
 INT_ARGS = (
     "per_device_train_batch_size",
     "per_device_eval_batch_size",

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.factories import cpu_toolchain
 from tests.reliability.ledger import Row, record
 from tests.support.pods import HostileService, hostile_service
 from warmup.client import LOCAL_MANIFESTS_DIR, MAX_MANIFEST_BYTES, TEMP_DIR_NAME, pull
 from warmup.errors import BlobIntegrityError, UnsafeArtifactError, WarmupError
 from warmup.spec import Spec
-from warmup.toolchain import Toolchain
 
 SPEC = Spec.model_validate(
     {
@@ -34,14 +34,7 @@ SPEC = Spec.model_validate(
         "target": {"backend": "inductor", "device": "cpu"},
     }
 )
-TOOLCHAIN = Toolchain(
-    backend="inductor",
-    device="cpu",
-    python="3.11.7",
-    torch="2.13.0+cpu",
-    torch_key="ab" * 32,
-    device_kind="cpu",
-)
+TOOLCHAIN = cpu_toolchain()
 GOOD = {"fxgraph/ab/fabc/entry": b"an fx graph entry\n" * 50, "ab/cabc.so": b"\x7fELF kernel" * 80}
 PAYLOAD = b"hostile payload\n"
 BIG_BLOB = 64 << 20  # what a server sends for a blob the manifest says is tiny

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.factories import cpu_toolchain
 from warmup.client import INDEX_NAME, HttpBlobSource, ServiceClient, StoreBlobSource, install
 from warmup.errors import BlobIntegrityError, ServerError, StoreError
 from warmup.manifest import Manifest, ManifestFile
@@ -213,10 +214,8 @@ def test_a_store_without_this_toolchains_manifest_names_the_closest_difference(t
     from warmup.client import bucket_manifest
     from warmup.db.manifests import publish_manifest
     from warmup.errors import NotWarmedError, ToolchainMismatchError
-    from warmup.toolchain import Toolchain
 
-    fields = dict(backend="inductor", device="cpu", python="3.11.7", torch="2.13.0+cpu", torch_key="ab" * 32)
-    ours = Toolchain(**fields, device_kind="cpu", cpu_isa="avx512", num_threads=2)
+    ours = cpu_toolchain()
     store = LocalBlobStore(tmp_path / "store")
     with pytest.raises(NotWarmedError, match="--wait"):
         bucket_manifest(store, "s" * 64, ours)

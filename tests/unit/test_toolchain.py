@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests.fixtures.factories import cpu_toolchain
 from warmup.errors import BackendUnavailableError, SpecError, ToolchainMismatchError
 from warmup.toolchain import (
     Toolchain,
@@ -24,22 +25,7 @@ TOOLCHAIN_SCRIPT = (
 
 
 def _toolchain(**changes: object) -> Toolchain:
-    facts = {
-        "backend": "inductor",
-        "device": "cpu",
-        "python": "3.11.7",
-        "torch": "2.13.0+cpu",
-        "torch_key": "ab" * 32,
-        "transformers": "5.24.0",
-        "trl": "1.16.0",
-        "accelerate": "1.15.0",
-        "device_kind": "cpu",
-        "cpu_isa": "avx512",
-        "num_threads": 2,
-        "env": {"TORCHINDUCTOR_MAX_AUTOTUNE": "0"},
-    }
-    facts.update(changes)
-    return Toolchain(**facts)
+    return cpu_toolchain(**{"env": {"TORCHINDUCTOR_MAX_AUTOTUNE": "0"}, **changes})
 
 
 def test_current_toolchain_is_the_same_in_two_fresh_processes():
