@@ -753,16 +753,17 @@ def install(
     """
     started = time.monotonic()
     dest = Path(dest).resolve()
+    created = not dest.exists()  # a failed install removes it again: nothing is left behind
     for file in manifest.files:  # refuse a hostile manifest before writing anything
         check_relative_path(file.path)
-        _refuse_symlinks(dest, file.path)
+        if not created:  # a new directory holds nothing a path could run into
+            _refuse_symlinks(dest, file.path)
     files = _unique_paths(manifest.files)
     _refuse_own_state_links(dest)
-    created = not dest.exists()  # a failed install removes it again: nothing is left behind
     dest.mkdir(parents=True, exist_ok=True)
     index = _Index.load(dest)
     result = PullResult(manifest=manifest, dest=dest)
-    todo = [file for file in files if not index.verified(dest, file)]
+    todo = files if created else [file for file in files if not index.verified(dest, file)]
     result.skipped = len(files) - len(todo)
     try:
         _refuse_more_than_fits(dest, todo)
