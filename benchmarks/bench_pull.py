@@ -147,7 +147,7 @@ def main() -> int:
     best_aws = min(v for k, v in median.items() if k.startswith("aws"))
     for name in (API, BUCKET_PULL, COMMAND):
         target = "  (target >= 3x)" if name == API else ""
-        print(f"ratio aws s3 sync (best) / {name + ':':<42} {best_aws / median[name]:.1f}x{target}")
+        print(f"ratio aws s3 sync (best) / {name + ':':<42} {best_aws / median[name]:.2f}x{target}")
     print(
         f"\nsecond pull into the populated directory: {again_inside['downloaded']} downloaded, "
         f"{again_inside['skipped']} already in place; install {again_inside['seconds']:.3f} s, "
