@@ -273,7 +273,7 @@ def _run_pod(pod: int, config: dict[str, Any]) -> PodOutcome:
                     outcome.manifest_ms = (time.perf_counter() - started) * 1000
 
     # one attempt: a 5xx on the manifest is an error of this run, not something a retry hides
-    client = TimedClient(config["url"], attempts=1, max_connections=config["parallel"])
+    client = TimedClient(config["url"], attempts=1)
     go, deadline = Path(config["go"]), time.monotonic() + 900
     while not go.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
