@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -342,10 +343,6 @@ def from_trl_cli_config(data: dict[str, Any], *, trainer: str | None = None) -> 
     return spec
 
 
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not JSON")
-
-
 def load_spec(
     source: str | Path | dict[str, Any],
     *,
@@ -371,14 +368,7 @@ def load_spec(
     else:
         text = str(source)
     try:
-        # JSON, as tools write specs, skips the YAML parser and its import; NaN and Infinity are
-        # left to YAML, which reads them as it always has.
-        data = json.loads(text, parse_constant=_not_json)
-    except ValueError:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise SpecError(f"not valid YAML or JSON: {error}") from None
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise SpecError(f"not valid YAML or JSON: {error}") from None
     return parse_spec(data, trainer=trainer, target=target)

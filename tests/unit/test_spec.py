@@ -44,6 +44,21 @@ def test_same_spec_same_key_whatever_the_key_order():
     assert a.key() != load_spec(spec_dict(args={"max_length": 256})).key()
 
 
+def test_a_json_spec_file_and_its_yaml_twin_have_one_key(tmp_path):
+    """Spec files are read by one parser: YAML reads `1e-5` as text where JSON reads a number, so a
+    faster JSON path for .json files would give a job's .json and .yaml two keys (and two caches)."""
+    args = '"max_length": 64, "learning_rate": 1e-5'
+    target = '"target": {"backend": "inductor", "device": "cpu"}'
+    as_json = tmp_path / "job.json"
+    as_json.write_text(f'{{"trainer": "sft", "model": "m", "args": {{{args}}}, {target}}}')
+    as_yaml = tmp_path / "job.yaml"
+    as_yaml.write_text(
+        "trainer: sft\nmodel: m\nargs:\n  max_length: 64\n  learning_rate: 1e-5\n"
+        "target:\n  backend: inductor\n  device: cpu\n"
+    )
+    assert load_spec(as_json).key() == load_spec(as_yaml).key()
+
+
 def test_unknown_trainer_suggests_the_close_one():
     with pytest.raises(UnknownTrainerError) as error:
         load_spec(spec_dict(trainer="stf"))
