@@ -22,7 +22,6 @@ import contextlib
 import functools
 import hashlib
 import http.client
-import itertools
 import json
 import os
 import shutil
@@ -953,21 +952,19 @@ def _download_one(
     """Download one blob into a verified temp file in `temp_dir`; transient failures are retried."""
     delay = 0.5
     for attempt in range(1, attempts + 1):
-        name, handle = _new_temp_file(temp_dir, file.sha256[:12])
+        handle, name = tempfile.mkstemp(dir=temp_dir, prefix=file.sha256[:12])
         try:
-            try:
-                os.fchmod(handle, 0o644)  # the training container may run as another user
+            with os.fdopen(handle, "wb") as out:
+                os.fchmod(out.fileno(), 0o644)  # the training container may run as another user
                 digest = hashlib.sha256()
-                size = _copy_stream(file, source, handle, digest, count)
-            finally:
-                os.close(handle)
+                size = _copy_stream(file, source, out, digest, count)
             if size != file.size:
                 raise BlobIntegrityError(f"size {size} != expected {file.size} for blob {file.sha256[:12]}")
             if digest.hexdigest() != file.sha256:
                 raise BlobIntegrityError(
                     f"sha256 mismatch for {file.path} (blob {file.sha256[:12]} is corrupt in the store)"
                 )
-            return name
+            return Path(name)
         except BaseException as error:
             with contextlib.suppress(OSError):
                 os.unlink(name)
@@ -978,22 +975,8 @@ def _download_one(
     raise AssertionError("unreachable")
 
 
-_temp_names = itertools.count()
-
-
-def _new_temp_file(folder: Path, prefix: str) -> tuple[Path, int]:
-    """A new file of our own in `folder` (O_EXCL), opened for writing: a plain descriptor costs fewer
-    system calls than tempfile's file objects, and hundreds of threads' calls each wait for the GIL."""
-    while True:
-        name = folder / f"{prefix}.{os.getpid()}.{next(_temp_names)}"
-        try:
-            return name, os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except FileExistsError:  # another process pulling into the same directory: take the next name
-            continue
-
-
 def _copy_stream(
-    file: ManifestFile, source: BlobSource, handle: int, digest: Any, count: Callable[[int], None]
+    file: ManifestFile, source: BlobSource, out: IO[bytes], digest: Any, count: Callable[[int], None]
 ) -> int:
     size = 0
     with source.open(file) as chunks:
@@ -1004,9 +987,7 @@ def _copy_stream(
                     f"blob {file.sha256[:12]} is larger than the {file.size} bytes expected"
                 )
             digest.update(chunk)
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(handle, view) :]
+            out.write(chunk)
             count(len(chunk))
     return size
 
