@@ -9,7 +9,8 @@ downloaded. Prints MB/s and files/s for each, and the ratios, measured side by s
 The cache is a real one: `warmup warm` of a 5-signature SFT job on a tiny model (a few minutes on two
 cores; pass --cache to reuse one, e.g. the directory a previous run printed). Its files are uploaded as
 blobs into a bucket of a SeaweedFS server started here, and the job's manifest is published next to
-them as a worker does. Each contender runs as a fresh process into a fresh directory, alternating:
+them as a worker does. Each contender runs as a fresh process into a fresh directory, alternating,
+each from compiled bytecode as pip leaves an installed package (this checkout's is compiled first):
 
 - `pull via the API`: the library pull (`warmup.client.pull(spec, dest, server=URL)`) from the service
   (SQLite, the bucket as its store, served in this process), whose manifest hands out presigned URLs:
@@ -29,6 +30,7 @@ awscli is not a dependency of the project: install it apart, e.g.
 from __future__ import annotations
 
 import argparse
+import compileall
 import concurrent.futures
 import json
 import os
@@ -56,6 +58,7 @@ from warmup.planner import plan_spec
 from warmup.spec import Spec, load_spec
 from warmup.toolchain import Toolchain, current_toolchain
 
+REPO = Path(__file__).resolve().parents[1]
 BUCKET, PREFIX = "bench", "warmup"
 PULL_CHILD = """
 import json, sys
@@ -117,12 +120,16 @@ def main() -> int:
     total = sum(a.size for a in artifacts)
     print(f"cache: {cache}: {len(artifacts)} files, {total / 1e6:.1f} MB", flush=True)
 
+    # A pod runs an installed trl-warmup, whose bytecode pip compiled at install time, as it did
+    # awscli's. This checkout's sources would instead be compiled again by every fresh process (this
+    # machine sets PYTHONDONTWRITEBYTECODE): a cost no installed client pays, so compile them once here.
+    compileall.compile_dir(REPO / "warmup", quiet=1)
     toolchain = current_toolchain("inductor", "cpu")
     toolchain_file = work / "toolchain.json"
     toolchain_file.write_text(json.dumps(toolchain.model_dump(mode="json")))
     with seaweedfs(work / "seaweed") as s3:
         os.environ.update(s3.env())
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
         s3.client().create_bucket(Bucket=BUCKET)
         source = f"s3://{BUCKET}/{PREFIX}"
         settings = Settings(data_dir=work / "service", store_url=source, auth="off")
