@@ -24,6 +24,7 @@ level. torch is imported inside `current_toolchain` only.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -250,38 +251,41 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
         raise BackendUnavailableError(
             "computing a toolchain needs torch: pip install 'trl-warmup[trl]' (or the training image's torch)"
         ) from None
-    facts: dict[str, Any] = {
-        "backend": backend,
-        "device": device,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_key": torch_key().hex(),
-        "transformers": package_version("transformers"),
-        "trl": package_version("trl"),
-        "accelerate": package_version("accelerate"),
-        "triton": package_version("triton") or package_version("pytorch-triton"),
-        "torch_neuronx": package_version("torch-neuronx"),
-        "neuronx_cc": package_version("neuronx-cc"),
-        "env": compile_env(),
-    }
-    if device == "cpu":
-        facts.update(device_kind="cpu", cpu_isa=cpu_vec_isa(), num_threads=training_threads(world_size))
-    elif device == "cuda":
-        if not torch.cuda.is_available():
-            raise BackendUnavailableError(
-                "the target device is cuda but torch sees no GPU here: run on a GPU machine, "
-                "or target device: cpu"
+    with concurrent.futures.ThreadPoolExecutor(1, "warmup-isa") as background:
+        # On CPU, Inductor's ISA probes (g++ builds: seconds) run while torch_key hashes torch's sources.
+        isa = background.submit(cpu_vec_isa) if device == "cpu" else None
+        facts: dict[str, Any] = {
+            "backend": backend,
+            "device": device,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torch_key": torch_key().hex(),
+            "transformers": package_version("transformers"),
+            "trl": package_version("trl"),
+            "accelerate": package_version("accelerate"),
+            "triton": package_version("triton") or package_version("pytorch-triton"),
+            "torch_neuronx": package_version("torch-neuronx"),
+            "neuronx_cc": package_version("neuronx-cc"),
+            "env": compile_env(),
+        }
+        if isa is not None:
+            facts.update(device_kind="cpu", cpu_isa=isa.result(), num_threads=training_threads(world_size))
+        elif device == "cuda":
+            if not torch.cuda.is_available():
+                raise BackendUnavailableError(
+                    "the target device is cuda but torch sees no GPU here: run on a GPU machine, "
+                    "or target device: cpu"
+                )
+            facts.update(
+                device_kind=torch.cuda.get_device_name(torch.cuda.current_device()), cuda=torch.version.cuda
             )
-        facts.update(
-            device_kind=torch.cuda.get_device_name(torch.cuda.current_device()), cuda=torch.version.cuda
-        )
-    else:
-        target = _neuron_target()
-        facts.update(
-            device_kind=target,
-            neuron_lnc=neuron_lnc(target),
-            compiler_flags=canonical_neuron_cc_flags(os.environ.get("NEURON_CC_FLAGS")),
-        )
+        else:
+            target = _neuron_target()
+            facts.update(
+                device_kind=target,
+                neuron_lnc=neuron_lnc(target),
+                compiler_flags=canonical_neuron_cc_flags(os.environ.get("NEURON_CC_FLAGS")),
+            )
     return Toolchain(**facts)
 
 
@@ -401,10 +405,28 @@ def training_threads(world_size: int) -> int:
 
 def cpu_vec_isa() -> str:
     """The vector ISA Inductor's C++ backend generates code for on this CPU (e.g. `avx512 avx512_vnni`)."""
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
+    from torch._inductor import cpu_vec_isa as vec_isa
 
-    isa = pick_vec_isa()
+    _probe_side_by_side(vec_isa)
+    isa = vec_isa.pick_vec_isa()
     return str(isa) if isa else "none"
+
+
+def _probe_side_by_side(vec_isa: Any) -> None:
+    """Inductor decides each candidate ISA by building small probe programs with g++, one after the
+    other: about ten builds of a second each on an AMX machine, the bulk of a pod's `warmup pull`.
+    Each candidate caches its answer, so asking all of this CPU's candidates at once first (the builds
+    are subprocesses: threads run them side by side) leaves `pick_vec_isa` only cached answers to read.
+    """
+    if platform.machine() not in ("x86_64", "AMD64") or vec_isa.config.cpp.vec_isa_ok is not None:
+        return
+    flags = vec_isa.x86_isa_checker()
+    candidates = [
+        isa for isa in vec_isa.supported_vec_isa_list if all(flag in flags for flag in str(isa).split())
+    ]
+    if len(candidates) > 1:
+        with concurrent.futures.ThreadPoolExecutor(len(candidates), "warmup-isa-probe") as pool:
+            list(pool.map(bool, candidates))
 
 
 def _check_pair(backend: str, device: str) -> None:

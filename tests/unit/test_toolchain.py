@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -22,6 +23,13 @@ from warmup.toolchain import (
 TOOLCHAIN_SCRIPT = (
     "from warmup.toolchain import current_toolchain; print(current_toolchain('inductor', 'cpu').key())"
 )
+
+
+# Inductor's own walk over the candidate ISAs (one g++ probe after another), and ours (side by side).
+ISA_SCRIPTS = {
+    "inductor alone": "from torch._inductor.cpu_vec_isa import pick_vec_isa; print(pick_vec_isa())",
+    "side by side": "from warmup.toolchain import cpu_vec_isa; print(cpu_vec_isa())",
+}
 
 
 def _toolchain(**changes: object) -> Toolchain:
@@ -49,6 +57,22 @@ def test_current_toolchain_on_cpu_records_isa_threads_and_versions():
     assert toolchain.cpu_isa and toolchain.num_threads == torch.get_num_threads()
     assert toolchain.trl and toolchain.transformers and toolchain.accelerate
     assert toolchain.neuronx_cc is None and toolchain.compiler_flags is None
+
+
+def test_probing_the_isas_side_by_side_picks_what_inductor_picks_alone(tmp_path):
+    """Each in a fresh process and a fresh Inductor cache, so that every probe is built with g++."""
+    runs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", script],
+            env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name.replace(" ", "-"))},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name, script in ISA_SCRIPTS.items()
+    }
+    picked = {name: run.communicate(timeout=300)[0].strip() for name, run in runs.items()}
+    assert all(run.returncode == 0 for run in runs.values())
+    assert picked["side by side"] == picked["inductor alone"] != ""
 
 
 def test_cache_dirs_and_policy_variables_stay_out_of_the_toolchain(monkeypatch):
