@@ -15,14 +15,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 RUN useradd --system --uid 10001 --create-home --home-dir /var/lib/warmup warmup
 
-# An editable install: the server migrates its database from migrations/ next to the sources.
+# A regular install: pip compiles the bytecode (with PYTHONDONTWRITEBYTECODE set, nothing else would,
+# and every process would compile the sources again), and the package carries the migrations the
+# server runs at start-up (warmup/db/migrations links to migrations/).
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
 COPY warmup ./warmup
 COPY api ./api
 COPY worker ./worker
 COPY migrations ./migrations
-RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -e ".[server]"
+# The project itself, from this directory: nothing to pin.
+# hadolint ignore=DL3013
+RUN pip install --extra-index-url "${TORCH_INDEX_URL}" ".[server]"
 
 USER 10001
 # data_dir must be writable even with PostgreSQL and S3 configured; model configs are cached in HF_HOME.

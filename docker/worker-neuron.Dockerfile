@@ -15,6 +15,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# A regular install: pip compiles the bytecode (with PYTHONDONTWRITEBYTECODE set, nothing else would,
+# and every process would compile the sources again), and the package carries the migrations the
+# server runs at start-up (warmup/db/migrations links to migrations/).
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
 COPY warmup ./warmup
@@ -23,10 +26,12 @@ COPY worker ./worker
 COPY migrations ./migrations
 # Keep the image's torch and Neuron stack: they are pinned to what is installed, so pip fails
 # (rather than replacing them) if the project's pins disagree with the base image.
+# The project itself, from this directory: nothing to pin.
+# hadolint ignore=DL3013
 RUN python -m pip freeze \
         | grep -iE '^(torch|torch[-_]neuronx|torch[-_]xla|neuronx[-_]cc|libneuronxla)==' > /tmp/keep.txt \
     || { echo "BASE_IMAGE has no torch: use an AWS Neuron PyTorch training image" >&2; exit 1; } \
-    && python -m pip install -c /tmp/keep.txt -e ".[worker]"
+    && python -m pip install -c /tmp/keep.txt ".[worker]"
 
 # The Neuron device plugin hands the devices to the container; the DLC's default user is kept.
 ENV HF_HOME=/var/lib/warmup/hf

@@ -23,13 +23,18 @@ RUN apt-get update \
 
 RUN useradd --system --uid 10001 --create-home --home-dir /var/lib/warmup warmup
 
+# A regular install: pip compiles the bytecode (with PYTHONDONTWRITEBYTECODE set, nothing else would,
+# and every process would compile the sources again), and the package carries the migrations the
+# server runs at start-up (warmup/db/migrations links to migrations/).
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
 COPY warmup ./warmup
 COPY api ./api
 COPY worker ./worker
 COPY migrations ./migrations
-RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -e ".[worker]"
+# The project itself, from this directory: nothing to pin.
+# hadolint ignore=DL3013
+RUN pip install --extra-index-url "${TORCH_INDEX_URL}" ".[worker]"
 
 USER 10001
 ENV HF_HOME=/var/lib/warmup/hf

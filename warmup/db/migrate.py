@@ -1,8 +1,8 @@
 """Bring a database to the schema this code expects: `upgrade(url)` at server start-up.
 
-The schema lives only in `migrations/` (Alembic). This module finds it next to the `warmup` package
-(a source checkout or an editable install) and runs it against the URL given, on the same engine
-settings the service uses (see warmup.db.engine).
+The schema lives only in `migrations/` (Alembic), which `warmup/db/migrations` links to, so that the
+wheel carries it as part of this package (a checkout, an editable install and a wheel all find it
+here). It runs against the URL given, on the same engine settings the service uses (warmup.db.engine).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from sqlalchemy.exc import OperationalError
 from warmup.db.engine import make_engine
 from warmup.errors import DatabaseError
 
-MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 MIGRATION_LOCK_KEY = 0x7761726D7570  # "warmup": the advisory lock that serialises migrations
 
 
 def alembic_config() -> Config:
     if not (MIGRATIONS / "env.py").is_file():
         raise DatabaseError(
-            f"the database migrations are not at {MIGRATIONS}: run the service from a source checkout "
-            "or an editable install (pip install -e .)"
+            f"the database migrations are not at {MIGRATIONS}: this install of trl-warmup is incomplete; "
+            "reinstall it (pip install --force-reinstall 'trl-warmup[server]')"
         )
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
