@@ -40,6 +40,11 @@ class Settings(BaseSettings):
         description="Bearer-token auth: 'auto' requires it unless the server listens on loopback only.",
     )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies get 413.")
+    presign_endpoint_url: str | None = Field(
+        None,
+        description="S3 endpoint written into presigned blob URLs, where pods reach the store at another "
+        "address than this server does; default: the server's own (AWS_ENDPOINT_URL or AWS's).",
+    )
     presign_expiry_s: int = Field(
         3600, ge=60, le=7 * 24 * 3600, description="Lifetime of presigned blob URLs."
     )
@@ -57,6 +62,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
+        if self.presign_endpoint_url and not (self.store_url or "").startswith("s3://"):
+            raise ValueError(
+                "presign_endpoint_url is for an S3 store (store_url s3://bucket/prefix): other stores' "
+                "blobs are served by the API's own blob route (public_url)"
+            )
+        if self.presign_endpoint_url and not self.presign_endpoint_url.startswith(("http://", "https://")):
+            raise ValueError(f"presign_endpoint_url {self.presign_endpoint_url!r} is not an http(s) URL")
         if self.auth == "off" and not is_loopback(self.host):
             raise ValueError(
                 f"auth 'off' while listening on {self.host}: anyone on the network could submit work and read "

@@ -293,6 +293,7 @@ class S3BlobStore(BlobStore):
         prefix: str = "",
         *,
         endpoint_url: str | None = None,
+        presign_endpoint_url: str | None = None,
         client: Any = None,
         multipart_threshold: int = 64 * MiB,
         multipart_chunksize: int = 16 * MiB,
@@ -305,21 +306,25 @@ class S3BlobStore(BlobStore):
 
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self.client = client or boto3.session.Session().client(
-            "s3",
-            endpoint_url=endpoint_url,
-            config=Config(
-                signature_version="s3v4",
-                # Measured through tests/support/fault_proxy.py failing every 5th request (503, resets),
-                # 100 uploads + 100 reads on 8 threads: standard/3 and legacy/5 both lose nothing,
-                # standard/2 fails 3 ops. The losses once blamed on the retry mode were blob bodies
-                # breaking mid-read, which no botocore mode retries: _ResumingReader resumes those.
-                retries={"mode": "standard", "max_attempts": 3},
-                connect_timeout=10,
-                read_timeout=120,
-                # one kept-alive connection per parallel download (botocore's default pool is 10)
-                max_pool_connections=max_pool_connections,
-            ),
+        config = Config(
+            signature_version="s3v4",
+            # Measured through tests/support/fault_proxy.py failing every 5th request (503, resets),
+            # 100 uploads + 100 reads on 8 threads: standard/3 and legacy/5 both lose nothing,
+            # standard/2 fails 3 ops. The losses once blamed on the retry mode were blob bodies
+            # breaking mid-read, which no botocore mode retries: _ResumingReader resumes those.
+            retries={"mode": "standard", "max_attempts": 3},
+            connect_timeout=10,
+            read_timeout=120,
+            # one kept-alive connection per parallel download (botocore's default pool is 10)
+            max_pool_connections=max_pool_connections,
+        )
+        self.client = client or boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        # Presigned URLs are for pods, which may reach the store at another address than this process
+        # does (an in-cluster endpoint here, a public one there). Signing needs no connection.
+        self.presigner = (
+            boto3.session.Session().client("s3", endpoint_url=presign_endpoint_url, config=config)
+            if presign_endpoint_url
+            else self.client
         )
         self.transfer = TransferConfig(
             multipart_threshold=multipart_threshold,
@@ -437,7 +442,7 @@ class S3BlobStore(BlobStore):
 
     def presigned_url(self, sha256: str, expires_s: int = 3600) -> str:
         with self._errors(f"presigning {sha256}"):
-            return self.client.generate_presigned_url(
+            return self.presigner.generate_presigned_url(
                 "get_object",
                 Params={"Bucket": self.bucket, "Key": self._key(blob_key(sha256))},
                 ExpiresIn=expires_s,

@@ -327,3 +327,11 @@ def test_settings_refuse_auth_off_on_a_public_address():
         Settings(host="0.0.0.0", auth="off")
     assert Settings(host="0.0.0.0").auth_required
     assert not Settings(host="127.0.0.1").auth_required
+
+
+def test_settings_refuse_a_presign_endpoint_without_an_s3_store():
+    with pytest.raises(ValueError, match="presign_endpoint_url is for an S3 store"):
+        Settings(presign_endpoint_url="https://s3.example.com")
+    with pytest.raises(ValueError, match="not an http"):
+        Settings(store_url="s3://bucket/cache", presign_endpoint_url="s3.example.com")
+    assert Settings(store_url="s3://bucket/cache", presign_endpoint_url="https://s3.example.com")

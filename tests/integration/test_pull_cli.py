@@ -306,6 +306,36 @@ def test_pull_from_the_bucket_without_the_api(services, spec_file, pod_toolchain
     assert pull(spec, tmp_path / "lib", source=bucket, toolchain=pod_toolchain).downloaded == 0
 
 
+def test_presigned_urls_name_the_endpoint_pods_reach(
+    pg_url, s3_bucket, s3_env, spec_file, pod_toolchain, tmp_path
+):
+    """The service reaches S3 at one address, pods at another (here: localhost for 127.0.0.1)."""
+    own = s3_env.endpoint_url
+    for_pods = own.replace("127.0.0.1", "localhost")
+    assert for_pods != own
+    settings = Settings(
+        data_dir=tmp_path / "service",
+        database_url=pg_url,
+        store_url=f"s3://{s3_bucket}/{PREFIX}",
+        presign_endpoint_url=for_pods,
+        auth="off",
+    )
+    services = Services.start(settings)
+    try:
+        warm(services, spec_file, pod_toolchain, tmp_path / "scratch")
+        with serve(services) as url:
+            manifest = ServiceClient(url, token=None).manifest(
+                load_spec(spec_file).model_dump(mode="json"), pod_toolchain.model_dump(mode="json")
+            )
+            assert manifest.files and all(
+                (f.url or "").startswith(f"{for_pods}/{s3_bucket}/") for f in manifest.files
+            )
+            result = pull(spec_file, tmp_path / "cache", server=url, toolchain=pod_toolchain)
+        assert result.downloaded == len(manifest.files) and services.store.endpoint == own
+    finally:
+        services.close()
+
+
 def test_a_blob_corrupted_in_the_store_is_refused_and_nothing_is_installed(
     api_url, services, spec_file, pod_toolchain, s3_env, s3_bucket, tmp_path
 ):
