@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 
 from warmup.db.engine import make_engine
 from warmup.db.manifests import build_manifest, publish_manifest
-from warmup.db.outage import Outage, riding_out
+from warmup.db.outage import Outage, is_unavailable, reason, riding_out
 from warmup.db.queue import RetryStrategy, TaskQueue
 from warmup.db.records import ClaimedTask, FileRef, Keyed
 from warmup.db.repository import Repository, pool_entry
@@ -140,10 +140,30 @@ class Worker:
                     self.stop.wait(self.options.poll_s)
                     continue
                 self.outcomes.append(self.process(task))
+        except Exception as error:
+            if not self._stopped_in_an_outage(error):
+                raise
+            log.warning(
+                "stopped while the database is unavailable (%s): a task in progress goes back to the "
+                "queue when its lease runs out",
+                reason(error),
+            )
         finally:
-            for size in self.toolchains:
-                self.repository.remove_worker(self._registration(size))
+            self._deregister()
         return self.outcomes
+
+    def _stopped_in_an_outage(self, error: BaseException) -> bool:
+        """Asked to stop while waiting out a database outage: the wait ends, and so does the worker."""
+        return self.stop.is_set() and is_unavailable(error)
+
+    def _deregister(self) -> None:
+        for size in self.toolchains:
+            try:
+                self.repository.remove_worker(self._registration(size))
+            except Exception as error:
+                if not self._stopped_in_an_outage(error):
+                    raise
+                return  # unregistered or not, the row drops out of the workers list once it is stale
 
     def _claim(self) -> ClaimedTask | None:
         keys = list(dict.fromkeys(toolchain.key() for toolchain in self.toolchains.values()))

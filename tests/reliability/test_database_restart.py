@@ -520,6 +520,42 @@ def test_a_worker_mid_compile_rides_out_a_restart(
     )
 
 
+def test_a_worker_stopped_during_an_outage_exits_cleanly(
+    private_postgres: PrivatePostgres, services_on: Services, tmp_path: Path
+) -> None:
+    """SIGTERM while the worker waits out an outage (a node drain during a database failover): it
+    stops waiting and exits 0, saying so, without a traceback."""
+    settings = services_on.settings
+    log = tmp_path / "worker.log"
+    worker = start_worker(
+        settings.resolved_database_url, settings.resolved_store_url, log, "--poll-interval", "0.2"
+    )
+    try:
+        wait_for(
+            "the worker to be ready", lambda: "ready for" in log.read_text(), 120, worker=worker, log=log
+        )
+        private_postgres.stop("fast")
+        try:
+            wait_for(
+                "the worker to meet the outage",
+                lambda: UNAVAILABLE in log.read_text(),
+                60,
+                worker=worker,
+                log=log,
+            )
+            worker.terminate()
+            worker.wait(timeout=30)
+        finally:
+            private_postgres.start()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    output = log.read_text(errors="replace")
+    assert worker.returncode == 0, output[-4000:]
+    assert "stopped while the database is unavailable" in output and "Traceback" not in output, output[-4000:]
+
+
 def test_a_database_that_never_answers_is_an_error_not_a_hang() -> None:
     """A server that accepts TCP connections but never speaks (hung, half failed over): connecting
     fails within the connect timeout, as an error the API and the workers treat as unavailable."""
