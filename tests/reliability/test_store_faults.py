@@ -46,7 +46,7 @@ from warmup.manifest import MANIFESTS_PREFIX, manifest_object_key
 from warmup.planner import plan_spec
 from warmup.rehearsal import SignatureResult
 from warmup.spec import Spec, load_spec
-from warmup.store import S3BlobStore
+from warmup.store import MiB, S3BlobStore, blob_key
 from warmup.toolchain import Toolchain, current_toolchain, remember_toolchain
 from worker.loop import Worker, WorkerOptions
 
@@ -234,6 +234,54 @@ def test_worker_uploads_through_a_store_failing_one_request_in_five(
             p99_ms=proxy.p99_ms(),
         )
     )
+
+
+def test_multipart_uploads_through_a_store_failing_one_request_in_five(
+    s3_bucket, s3_env, proxy, direct_store, tmp_path
+):
+    """Large blobs (Neuron's NEFFs run to hundreds of MB) go up in parts: create, parts, complete,
+    each a request the proxy may fail. An upload that fails as a whole is tried again, as a worker
+    retries its task; every blob ends up whole, and no upload is left open in the bucket."""
+    store = S3BlobStore(s3_bucket, PREFIX, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+    blobs = []
+    for index in range(4):
+        data = os.urandom(12 * MiB + index)  # three parts each
+        path = tmp_path / f"graph-{index}.neff"
+        path.write_bytes(data)
+        blobs.append((path, hashlib.sha256(data).hexdigest()))
+    proxy.fail_every = ONE_IN
+
+    failed_uploads = 0
+    for path, sha in blobs:
+        for _attempt in range(3):
+            try:
+                store.put_file(path, sha)
+                break
+            except StoreError as error:  # the whole upload failed: say so, and try again
+                assert s3_bucket in str(error), error
+                failed_uploads += 1
+        else:
+            pytest.fail(f"{path.name} was not uploaded in 3 attempts")
+
+    lost = 0
+    for _path, sha in blobs:
+        head = s3_env.client().head_object(Bucket=s3_bucket, Key=f"{PREFIX}/{blob_key(sha)}")
+        assert head["ETag"].strip('"').endswith("-3")  # it went up in three parts
+        with direct_store.open(sha) as blob:
+            lost += hashlib.sha256(blob.read()).hexdigest() != sha
+    record(
+        Row(
+            scenario="store: multipart uploads (12 MiB in 5 MiB parts), S3 fails 1 request in 5",
+            faults_injected=proxy.faults,
+            jobs_completed=0,
+            data_lost=lost,
+            requests=proxy.requests,
+            p99_ms=proxy.p99_ms(),
+        )
+    )
+    assert lost == 0 and proxy.faults >= 3 and all(proxy.faults_by_kind.values())
+    open_uploads = s3_env.client().list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+    assert open_uploads == [], open_uploads
 
 
 def test_worker_with_the_store_unreachable_mid_task_retries_records_why_then_completes_when_it_returns(
