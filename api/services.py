@@ -117,10 +117,7 @@ class Services:
         url = settings.resolved_database_url
         upgrade(url)
         engine = make_engine(url)
-        presign = (
-            {"presign_endpoint_url": settings.presign_endpoint_url} if settings.presign_endpoint_url else {}
-        )
-        store = open_store(settings.resolved_store_url, **presign)
+        store = open_store(settings.resolved_store_url, presign_endpoint_url=settings.presign_endpoint_url)
         store.check()
         warm_up_trl()  # the seconds of importing TRL and torch, spent before the first request
         _freeze_startup_heap()

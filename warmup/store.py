@@ -517,7 +517,8 @@ class _ResumingReader(io.RawIOBase):
 
 
 def open_store(url: str | os.PathLike[str], **s3_options: Any) -> BlobStore:
-    """`s3://bucket/prefix`, `file:///path` or a plain directory path."""
+    """`s3://bucket/prefix`, `file:///path` or a plain directory path; `s3_options` are S3BlobStore's
+    (other stores have none to take)."""
     text = os.fspath(url)
     parsed = urlparse(text)
     if parsed.scheme == "s3":
