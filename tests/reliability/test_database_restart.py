@@ -552,6 +552,7 @@ def test_a_worker_stopped_during_an_outage_exits_cleanly(
             worker.kill()
             worker.wait()
     output = log.read_text(errors="replace")
+    record(Row(scenario="worker: SIGTERM while it waits out a database outage", faults_injected=1))
     assert worker.returncode == 0, output[-4000:]
     assert "stopped while the database is unavailable" in output and "Traceback" not in output, output[-4000:]
 
