@@ -24,7 +24,7 @@ level. torch is imported inside `current_toolchain` only.
 
 from __future__ import annotations
 
-import concurrent.futures
+import functools
 import hashlib
 import json
 import os
@@ -32,7 +32,8 @@ import platform
 import re
 import shlex
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -251,41 +252,40 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
         raise BackendUnavailableError(
             "computing a toolchain needs torch: pip install 'trl-warmup[trl]' (or the training image's torch)"
         ) from None
-    with concurrent.futures.ThreadPoolExecutor(1, "warmup-isa") as background:
-        # On CPU, Inductor's ISA probes (g++ builds: seconds) run while torch_key hashes torch's sources.
-        isa = background.submit(cpu_vec_isa) if device == "cpu" else None
-        facts: dict[str, Any] = {
-            "backend": backend,
-            "device": device,
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torch_key": torch_key().hex(),
-            "transformers": package_version("transformers"),
-            "trl": package_version("trl"),
-            "accelerate": package_version("accelerate"),
-            "triton": package_version("triton") or package_version("pytorch-triton"),
-            "torch_neuronx": package_version("torch-neuronx"),
-            "neuronx_cc": package_version("neuronx-cc"),
-            "env": compile_env(),
-        }
-        if isa is not None:
-            facts.update(device_kind="cpu", cpu_isa=isa.result(), num_threads=training_threads(world_size))
-        elif device == "cuda":
-            if not torch.cuda.is_available():
-                raise BackendUnavailableError(
-                    "the target device is cuda but torch sees no GPU here: run on a GPU machine, "
-                    "or target device: cpu"
-                )
-            facts.update(
-                device_kind=torch.cuda.get_device_name(torch.cuda.current_device()), cuda=torch.version.cuda
+    # On CPU, Inductor's ISA probes (g++ builds: seconds) run while torch_key hashes torch's sources.
+    hashed_torch, isa = side_by_side([torch_key, cpu_vec_isa]) if device == "cpu" else (torch_key(), None)
+    facts: dict[str, Any] = {
+        "backend": backend,
+        "device": device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_key": hashed_torch.hex(),
+        "transformers": package_version("transformers"),
+        "trl": package_version("trl"),
+        "accelerate": package_version("accelerate"),
+        "triton": package_version("triton") or package_version("pytorch-triton"),
+        "torch_neuronx": package_version("torch-neuronx"),
+        "neuronx_cc": package_version("neuronx-cc"),
+        "env": compile_env(),
+    }
+    if device == "cpu":
+        facts.update(device_kind="cpu", cpu_isa=isa, num_threads=training_threads(world_size))
+    elif device == "cuda":
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(
+                "the target device is cuda but torch sees no GPU here: run on a GPU machine, "
+                "or target device: cpu"
             )
-        else:
-            target = _neuron_target()
-            facts.update(
-                device_kind=target,
-                neuron_lnc=neuron_lnc(target),
-                compiler_flags=canonical_neuron_cc_flags(os.environ.get("NEURON_CC_FLAGS")),
-            )
+        facts.update(
+            device_kind=torch.cuda.get_device_name(torch.cuda.current_device()), cuda=torch.version.cuda
+        )
+    else:
+        target = _neuron_target()
+        facts.update(
+            device_kind=target,
+            neuron_lnc=neuron_lnc(target),
+            compiler_flags=canonical_neuron_cc_flags(os.environ.get("NEURON_CC_FLAGS")),
+        )
     return Toolchain(**facts)
 
 
@@ -424,9 +424,40 @@ def _probe_side_by_side(vec_isa: Any) -> None:
     candidates = [
         isa for isa in vec_isa.supported_vec_isa_list if all(flag in flags for flag in str(isa).split())
     ]
-    if len(candidates) > 1:
-        with concurrent.futures.ThreadPoolExecutor(len(candidates), "warmup-isa-probe") as pool:
-            list(pool.map(bool, candidates))
+    side_by_side([functools.partial(bool, isa) for isa in candidates])
+
+
+def side_by_side(calls: list[Callable[[], Any]]) -> list[Any]:
+    """Call each of `calls` in a thread of its own (the first in this one) and return their results in
+    order, raising the first error. For work that overlaps: subprocesses, hashing in C. A toolchain may
+    be computed at interpreter exit (the callback's last report, from atexit), where executors take no
+    new work and newer Pythons start no threads: a call whose thread cannot start runs here instead."""
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException | None] = [None] * len(calls)
+
+    def run(index: int) -> None:
+        try:
+            results[index] = calls[index]()
+        except BaseException as error:
+            errors[index] = error
+
+    threads = []
+    for index in range(1, len(calls)):
+        thread = threading.Thread(target=run, args=(index,), name="warmup-side-by-side", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # the interpreter is shutting down
+            run(index)
+            continue
+        threads.append(thread)
+    if calls:
+        run(0)
+    for thread in threads:
+        thread.join()
+    for error in errors:
+        if error is not None:
+            raise error
+    return results
 
 
 def _check_pair(backend: str, device: str) -> None:

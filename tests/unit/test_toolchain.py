@@ -18,6 +18,7 @@ from warmup.toolchain import (
     current_toolchain,
     neuron_lnc,
     neuron_target_from_name,
+    side_by_side,
 )
 
 TOOLCHAIN_SCRIPT = (
@@ -73,6 +74,16 @@ def test_probing_the_isas_side_by_side_picks_what_inductor_picks_alone(tmp_path)
     picked = {name: run.communicate(timeout=300)[0].strip() for name, run in runs.items()}
     assert all(run.returncode == 0 for run in runs.values())
     assert picked["side by side"] == picked["inductor alone"] != ""
+
+
+def test_side_by_side_returns_in_order_raises_and_works_at_interpreter_exit():
+    assert side_by_side([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]
+    with pytest.raises(ZeroDivisionError):
+        side_by_side([lambda: 1, lambda: 1 / 0])
+    # The callback's last report computes a toolchain from an atexit hook, where executors refuse work.
+    at_exit = "import atexit; from warmup.toolchain import side_by_side; atexit.register(lambda: print(side_by_side([lambda: 1, lambda: 2])))"
+    done = subprocess.run([sys.executable, "-c", at_exit], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "[1, 2]", "")
 
 
 def test_cache_dirs_and_policy_variables_stay_out_of_the_toolchain(monkeypatch):
