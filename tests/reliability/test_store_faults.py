@@ -284,6 +284,25 @@ def test_multipart_uploads_through_a_store_failing_one_request_in_five(
     assert open_uploads == [], open_uploads
 
 
+def test_a_multipart_upload_whose_completion_answer_is_lost_is_found_in_place(
+    s3_bucket, s3_env, proxy, direct_store, tmp_path
+):
+    """S3 assembled the object, but the answer to CompleteMultipartUpload never came back: botocore asks
+    again, and S3 answers the repeated completion as it did the first. The blob is there, whole."""
+    store = S3BlobStore(s3_bucket, PREFIX, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+    data = os.urandom(12 * MiB)
+    path, sha = tmp_path / "graph.neff", hashlib.sha256(data).hexdigest()
+    path.write_bytes(data)
+    proxy.cut_first = lambda method, target: method == "POST" and "uploadId=" in target
+
+    assert store.put_file(path, sha)
+
+    assert proxy.fault_log == [("cut", "POST")]
+    with direct_store.open(sha) as blob:
+        assert hashlib.sha256(blob.read()).hexdigest() == sha
+    assert s3_env.client().list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+
+
 def test_worker_with_the_store_unreachable_mid_task_retries_records_why_then_completes_when_it_returns(
     pg_url, s3_bucket, proxy, direct_store, rehearsal, model_dir, toolchain, tmp_path
 ):

@@ -10,6 +10,8 @@ name the proxy). Faults are deterministic counters, never random, so a failing r
   the kind's parity locks onto clients that alternate requests (HEAD then GET), and resets would
   only ever hit the HEADs.
 - `latency_s`: every request waits this long before it is forwarded (a slow or far-away S3).
+- `cut_first = predicate(method, path)`: the first request it matches is cut after S3 did the work
+  (e.g. a CompleteMultipartUpload whose answer is lost).
 - `go_down()` / `come_up()`: the port stops listening and open connections are reset (S3 unreachable:
   connection refused), then listens again on the same port.
 
@@ -27,7 +29,7 @@ import struct
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -57,6 +59,8 @@ class FaultProxy:
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.fail_every = fail_every
         self.latency_s = latency_s
+        # One targeted fault: the first request for which this says yes is cut after S3 did the work.
+        self.cut_first: Callable[[str, str], bool] | None = None
         self.requests = 0
         self.faults = 0
         self.faults_by_kind = dict.fromkeys(KINDS, 0)
@@ -114,13 +118,17 @@ class FaultProxy:
     def close(self) -> None:
         self.go_down()
 
-    def _next_fault(self, method: str) -> str | None:
+    def _next_fault(self, method: str, path: str) -> str | None:
         """Count a request; which fault it gets, if any."""
         with self._lock:
             self.requests += 1
-            if not self.fail_every or self.requests % self.fail_every:
+            if self.cut_first is not None and self.cut_first(method, path):
+                self.cut_first = None
+                kind = "cut"
+            elif not self.fail_every or self.requests % self.fail_every:
                 return None
-            kind = KINDS[self.faults % len(KINDS)]
+            else:
+                kind = KINDS[self.faults % len(KINDS)]
             self.faults += 1
             self.faults_by_kind[kind] += 1
             self.fault_log.append((kind, method))
@@ -192,7 +200,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             _reset(self.connection)
             return
-        fault = proxy._next_fault(self.command)
+        fault = proxy._next_fault(self.command, self.path)
         if proxy.latency_s:
             time.sleep(proxy.latency_s)
         if fault == "503":
