@@ -251,7 +251,6 @@ def test_multipart_uploads_through_a_store_failing_one_request_in_five(
         blobs.append((path, hashlib.sha256(data).hexdigest()))
     proxy.fail_every = ONE_IN
 
-    failed_uploads = 0
     for path, sha in blobs:
         for _attempt in range(3):
             try:
@@ -259,7 +258,6 @@ def test_multipart_uploads_through_a_store_failing_one_request_in_five(
                 break
             except StoreError as error:  # the whole upload failed: say so, and try again
                 assert s3_bucket in str(error), error
-                failed_uploads += 1
         else:
             pytest.fail(f"{path.name} was not uploaded in 3 attempts")
 
