@@ -1,0 +1,195 @@
+"""Experiment (not a speed target): which parts of a compiled entry depend on the job's world size.
+
+Runs the rehearsal of one signature (a tiny SFT job, `train 2x32`, torch_compile on CPU) as each
+configuration below would: N processes under `torchrun` (gloo, DDP), each rank with a cache directory
+of its own, then compares what every rank left in its directory: the FX graph keys, the AOTAutograd
+keys, the artifact files (paths; bytes too, but for the `.so` kernels, whose bytes embed the build
+directory), the compile key tag and the thread count.
+
+    python benchmarks/world_size_entries.py [--work DIR] [--configs 1x2,1x1,2x1,3x1]
+
+A configuration `RxT` is R ranks of T threads each (OMP_NUM_THREADS=T). It prints one row per
+configuration and rank, compared with the first rank of the reference configuration (`--reference`,
+default 2x1: what `warmup warm` now runs for a job of 2 or more processes), and writes every rank's
+listing to WORK/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def spec_for(model: Path, world_size: int) -> dict[str, Any]:
+    return {
+        "trainer": "sft",
+        "model": str(model),
+        "args": {
+            "per_device_train_batch_size": 2,
+            "max_length": 32,
+            "pad_to_multiple_of": 32,
+            "torch_compile": True,
+            "bf16": False,
+            "gradient_checkpointing": False,
+            "use_cpu": True,
+        },
+        "data": {"min_tokens": 10, "max_tokens": 32},
+        "target": {"backend": "inductor", "device": "cpu", "world_size": world_size},
+    }
+
+
+def rank_main(job_path: Path) -> int:
+    """One rank: rehearse the job's unit into WORK/rank<R>/cache, then list what is there."""
+    import torch
+
+    from warmup.rehearsal.drivers import RunJob, run
+
+    rank = int(os.environ.get("RANK", "0"))
+    template = RunJob.from_json(job_path.read_text())
+    base = job_path.parent / f"rank{rank}"
+    job = RunJob(template.spec, template.units, base / "cache", base / "work", template.plan_size)
+    job.cache_dir.mkdir(parents=True, exist_ok=True)
+    outcome = run(job)
+    (base / "outcome.json").write_text(
+        json.dumps(
+            {
+                "outcome": outcome,
+                "threads": torch.get_num_threads(),
+                "key_tag": os.environ.get("TORCH_COMPILE_CACHE_KEY_TAG"),
+                "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                "ddp": torch.distributed.is_initialized(),
+            }
+        )
+    )
+    return 0
+
+
+def listing(cache: Path) -> dict[str, Any]:
+    from warmup.artifacts import sha256_file
+    from warmup.backends import get_backend
+
+    backend = get_backend("inductor", "cpu")
+    files = {}
+    for path in sorted(p for p in cache.rglob("*") if p.is_file()):
+        relative = path.relative_to(cache).as_posix()
+        if backend.is_artifact(relative):
+            files[relative] = sha256_file(path)
+    return {
+        "fx": sorted(p.name for p in (cache / "fxgraph").glob("*/*") if p.is_dir()),
+        "aot": sorted(p.name for p in (cache / "aotautograd").glob("*") if p.is_dir()),
+        "files": files,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_config(work: Path, model: Path, ranks: int, threads: int) -> list[dict[str, Any]]:
+    from warmup.planner import plan_spec
+    from warmup.rehearsal.drivers import RunJob
+    from warmup.rehearsal.units import plan_units
+    from warmup.spec import Spec
+
+    spec = Spec.model_validate(spec_for(model, ranks))
+    signatures = plan_spec(spec).signatures
+    units = plan_units("sft", signatures, backend="inductor", pad_to_multiple_of=32).units
+    directory = work / f"{ranks}x{threads}"
+    directory.mkdir(parents=True)
+    job_path = directory / "run.json"
+    job_path.write_text(RunJob(spec, units, directory, directory, len(signatures)).to_json())
+    command = [sys.executable, __file__, "--rank-job", str(job_path)]
+    if ranks > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
+        command += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", __file__]
+        command += ["--rank-job", str(job_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{ranks}x{threads} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    results = []
+    for rank in range(ranks):
+        outcome = json.loads((directory / f"rank{rank}" / "outcome.json").read_text())
+        results.append(
+            {
+                "config": f"{ranks}x{threads}",
+                "rank": rank,
+                "seconds": round(seconds, 1),
+                **outcome,
+                **listing(directory / f"rank{rank}" / "cache"),
+            }
+        )
+    return results
+
+
+def same(ours: dict[str, str], theirs: dict[str, str], *, bytes_too: bool) -> str:
+    if set(ours) != set(theirs):
+        return f"no ({len(set(ours) ^ set(theirs))} differ)"
+    if bytes_too:
+        differ = [p for p in ours if not p.endswith(".so") and ours[p] != theirs[p]]
+        if differ:
+            return f"paths yes, bytes: {len(differ)} differ"
+    return "yes"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path)
+    parser.add_argument("--configs", default="1x2,1x1,2x1,3x1")
+    parser.add_argument("--reference", default="2x1")
+    parser.add_argument("--rank-job", type=Path, help=argparse.SUPPRESS)
+    ns = parser.parse_args()
+    if ns.rank_job:
+        return rank_main(ns.rank_job)
+
+    from tests.support.tiny_model import write_tiny_model
+
+    work = (ns.work or Path(tempfile.mkdtemp(prefix="world-size-"))).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    model = write_tiny_model(work / "model")
+    configs = [tuple(int(x) for x in item.split("x")) for item in ns.configs.split(",")]
+    results = []
+    for ranks, threads in configs:
+        results += run_config(work, model, ranks, threads)
+        print(f"ran {ranks}x{threads}", file=sys.stderr, flush=True)
+    (work / "results.json").write_text(json.dumps(results, indent=1))
+    reference = next(r for r in results if r["config"] == ns.reference and r["rank"] == 0)
+    headers = ["ranks x threads", "rank", "DDP", "key tag threads", "FX keys", "AOT keys", "files"]
+    headers += ["same FX keys", "same AOT keys", "same files"]
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "---|" * len(headers))
+    for result in results:
+        row = [
+            result["config"],
+            result["rank"],
+            "yes" if result["ddp"] else "no",
+            result["key_tag"].rsplit("threads=", 1)[-1],
+            len(result["fx"]),
+            len(result["aot"]),
+            len(result["files"]),
+            "yes" if result["fx"] == reference["fx"] else "no",
+            "yes" if result["aot"] == reference["aot"] else "no",
+            same(result["files"], reference["files"], bytes_too=True),
+        ]
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
+    print(f"\nreference: {ns.reference} rank 0; listings in {work / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
