@@ -64,6 +64,9 @@ class PlanResponse(BaseModel):
     spec_key: str
     signatures: list[PlannedSignature]
     warnings: list[str]
+    notes: list[str] = Field(
+        default_factory=list, description="What the warm-up does differently from the job, and why."
+    )
     estimate_seconds: dict[str, float] = Field(description="Estimated compile time of the plan, per backend.")
 
 

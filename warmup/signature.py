@@ -78,6 +78,10 @@ class Plan(BaseModel):
 
     signatures: list[Signature]
     warnings: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What the warm-up does differently from the job, and why (no action needed).",
+    )
 
     def keys(self) -> list[str]:
         return [signature.key() for signature in self.signatures]

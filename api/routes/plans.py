@@ -20,6 +20,7 @@ def create_plan(body: PlanRequest, services: ServicesDep) -> PlanResponse:
         spec_key=body.spec.key(),
         signatures=[PlannedSignature(**s.model_dump(), signature_key=s.key()) for s in plan.signatures],
         warnings=plan.warnings,
+        notes=plan.notes,
         estimate_seconds={
             backend: sum(estimate_seconds(s, backend) for s in plan.signatures)
             for backend in ("neuron", "inductor")

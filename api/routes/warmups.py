@@ -61,7 +61,8 @@ def _pool_toolchain(services: ServicesDep, pool: str, world_size: int) -> Toolch
         scale = f" for jobs of {world_size} processes" if world_size > 1 else ""
         raise SpecError(
             f"no worker of pool {pool!r} has registered{scale} yet; start one with "
-            f"`warmup worker --pool {pool}" + (f" --world-sizes 1,{world_size}`" if world_size > 1 else "`"),
+            f"`warmup worker --pool {pool}"
+            + (" --world-sizes 1,2` (it warms jobs of any number of processes)" if world_size > 1 else "`"),
             loc="pool",
         )
     return Toolchain.model_validate(found.data)

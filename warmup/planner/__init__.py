@@ -46,6 +46,7 @@ def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts |
         _register_families()
     builder = PlanBuilder(spec=spec, args=args, model=model, teacher=teacher)
     _target_warnings(builder)
+    _world_size_notes(builder)
     PLANNERS[spec.trainer](builder)
     _recompile_limit_warning(builder)
     _nothing_compiles_warning(builder)
@@ -92,6 +93,46 @@ def _target_warnings(plan: PlanBuilder) -> None:
         plan.warn(
             f"NEURON_RT_VISIBLE_CORES {cores!r} is not a supported core group: use 0,1 / 2,3 / 0-3 "
             "(a group must start at a multiple of its size)"
+        )
+
+
+def _world_size_notes(plan: PlanBuilder) -> None:
+    """What of a job of several processes depends on its world size, and how it is warmed (see
+    warmup/rehearsal/topology.py and docs/multi-node.md)."""
+    from warmup.rehearsal.topology import rehearsal_processes
+
+    target = plan.spec.target
+    world = target.world_size
+    if world == 1:
+        return
+    processes = rehearsal_processes(plan.spec, plan.args.config)
+    why = (
+        ""
+        if processes == 2
+        else " (the fewest at which every global generation batch holds whole groups of num_generations)"
+    )
+    plan.note(
+        f"world_size {world}: under DDP each rank compiles the same graphs at any world size above 1 (no "
+        f"collective is inside a compiled graph), so the warm-up runs {processes} processes{why}; the "
+        f"shapes listed are those of each rank of a job of {world} processes"
+    )
+    if target.device == "cpu":
+        plan.note(
+            "each rank's CPU thread count is in the compile key, and the toolchain carries it: "
+            "OMP_NUM_THREADS, which torchrun sets to 1 when it starts several processes per node; a job of "
+            "one process per node sets OMP_NUM_THREADS where it pulls and where it trains"
+        )
+    elif target.device == "cuda":
+        plan.warn(
+            "the GPU index is in Inductor's compile key: start training with `torchrun --virtual-local-rank` "
+            "(every rank sees its GPU as cuda:0, as the warm-up's ranks do), or each local rank but the first "
+            "compiles its own graphs"
+        )
+    else:
+        plan.note(
+            "not verified on Trainium: TorchNeuron keys a graph by its HLO, the same on every rank, and DDP's "
+            "all-reduce runs outside the compiled graph, but whether its collectives compile per world size is "
+            "unmeasured: the coverage report of the first multi-process run (fresh compiles) tells"
         )
 
 

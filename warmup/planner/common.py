@@ -128,6 +128,7 @@ class PlanBuilder:
     teacher: ModelFacts | None = None
     signatures: dict[str, Signature] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
     # Keys of the signatures Dynamo traces, on either backend: what its recompile limit counts.
     dynamo_keys: set[str] = dataclasses.field(default_factory=set)
 
@@ -164,6 +165,10 @@ class PlanBuilder:
     def warn(self, message: str) -> None:
         if message not in self.warnings:
             self.warnings.append(message)
+
+    def note(self, message: str) -> None:
+        if message not in self.notes:
+            self.notes.append(message)
 
     def add(
         self,
@@ -225,7 +230,7 @@ class PlanBuilder:
             self.signatures.values(),
             key=lambda s: (PHASE_ORDER[s.phase], s.model, s.batch, s.seq_len, s.cache_len or 0),
         )
-        return Plan(signatures=ordered, warnings=list(self.warnings))
+        return Plan(signatures=ordered, warnings=list(self.warnings), notes=list(self.notes))
 
 
 PHASE_ORDER = {

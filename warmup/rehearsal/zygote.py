@@ -133,6 +133,16 @@ def config_facts(spec: Any) -> dict[str, Any]:
     }
 
 
+def rehearsal_topology(spec: Any) -> tuple[int, Any]:
+    """How many processes rehearse `spec`, and the spec each of them runs (see `topology`)."""
+    from warmup.rehearsal.topology import rank_args, rehearsal_processes
+    from warmup.trl_args import resolve_trainer_args
+
+    config = resolve_trainer_args(spec).config
+    processes = rehearsal_processes(spec, config)
+    return processes, spec.model_copy(update={"args": rank_args(spec, config, processes)})
+
+
 def group_runs(units: list[Any], train_rows: int, grouping: bool) -> list[list[Any]]:
     """Runs to start: the train units together (full batches first, at most one short batch, last),
     every other unit alone."""
@@ -179,7 +189,8 @@ def main(argv: list[str]) -> int:
         todo = [signature for signature in signatures if signature.key() not in skip]
         plan_size = job.get("plan_size") or len(signatures)
         require_rehearsable(spec.trainer)
-        facts = config_facts(spec)
+        processes, rank_spec = rehearsal_topology(spec)
+        facts = config_facts(rank_spec)
         planned = plan_units(
             spec.trainer,
             todo,
@@ -224,9 +235,9 @@ def main(argv: list[str]) -> int:
             paths = run_paths(work_root, next_index)
             for name in ("cache", "work"):
                 paths[name].mkdir(parents=True, exist_ok=True)
-            run_job = RunJob(spec, units, paths["cache"], paths["work"], plan_size)
+            run_job = RunJob(rank_spec, units, paths["cache"], paths["work"], plan_size)
             paths["job"].write_text(run_job.to_json())
-            running[next_index] = launch(next_index, run_job, paths, spec.target.world_size, fork, job)
+            running[next_index] = launch(next_index, run_job, paths, processes, fork, job)
             emit("started", unit=units[0].index, run=next_index)
             next_index += 1
         time.sleep(POLL_SECONDS)
@@ -285,7 +296,7 @@ def _succeeded(code: int | None, paths: dict[str, Path]) -> bool:
 
 
 def launch(
-    index: int, run_job: Any, paths: dict[str, Path], world_size: int, fork: bool, job: dict
+    index: int, run_job: Any, paths: dict[str, Path], processes: int, fork: bool, job: dict
 ) -> Running:
     running = Running(index, run_job.units, float(job["timeout_s"]))
     if fork:
@@ -316,13 +327,28 @@ def launch(
         str(paths["result"]),
         str(paths["progress"]),
     ]
-    if world_size > 1:
-        torchrun = ["-m", "torch.distributed.run", f"--nproc-per-node={world_size}"]
+    env = None
+    if processes > 1:
+        torchrun = ["-m", "torch.distributed.run", f"--nproc-per-node={processes}"]
         torchrun += ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+        target = run_job.spec.target
+        if target.device == "cuda":
+            # the GPU index is in Inductor's key: every rank compiles for cuda:0, as training under
+            # `torchrun --virtual-local-rank` does
+            torchrun.append("--virtual-local-rank")
+        if target.device == "cpu":
+            from warmup.toolchain import training_threads
+
+            # each rank runs the threads a rank of the job runs (in Inductor's key on CPU)
+            env = {**os.environ, "OMP_NUM_THREADS": str(training_threads(target.world_size))}
         command = torchrun + command
     with open(paths["log"], "wb") as log:
         running.process = subprocess.Popen(
-            [sys.executable, *command], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            [sys.executable, *command],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
         )
     return running
 
