@@ -17,7 +17,6 @@ import sys
 import pytest
 
 from tests.e2e.helpers import (
-    TRAIN_JOB,
     no_fresh_compiles,
     only_empty_locks_appeared,
     run,
@@ -165,53 +164,3 @@ def test_dpo_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, 
     assert no_fresh_compiles(job), job["fresh_compiles"]
     assert only_empty_locks_appeared(cache, before) == []
     assert {tuple(shape) for shape in job["shapes"]} == {(4, 32), (4, 64)}
-
-
-def test_two_process_sft_is_warmed_under_torchrun_and_trains_with_zero_compiles(
-    tiny_model_dir, user_weights_dir, tmp_path
-):
-    """DDP changes the compiled graphs (Dynamo splits them at bucket boundaries): the warm-up runs the
-    job's number of processes under torchrun (gloo on CPU), and so does the training run."""
-    spec = write_spec(
-        tmp_path / "sft-ddp.yaml",
-        "sft",
-        tiny_model_dir,
-        {"per_device_train_batch_size": 2, "max_length": 32, "pad_to_multiple_of": 32},
-        {"min_tokens": 10, "max_tokens": 32},
-    )
-    text = spec.read_text().replace("device: cpu", "device: cpu\n  world_size: 2")
-    spec.write_text(text)
-    cache = tmp_path / "cache"
-    warm = run([sys.executable, "-m", "warmup", "warm", spec, "--cache-dir", cache])
-    assert warm.returncode == 0, warm.stderr[-5000:]
-    (entry,) = json.loads((cache / "trl-warmup.json").read_text())["entries"].values()
-    assert entry["status"] == "ok" and entry["signature"]["world_size"] == 2 and entry["files"]
-
-    before = list_paths(cache)
-    out = tmp_path / "job.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
-    command += [
-        f"--master-port={_free_port()}",
-        str(TRAIN_JOB),
-        "--spec",
-        spec,
-        "--weights",
-        user_weights_dir,
-    ]
-    command += ["--cache-dir", cache, "--out", out, "--steps", 2, "--min-tokens", 10, "--split", 31]
-    command += ["--max-tokens", 32]
-    done = run(command)
-    assert done.returncode == 0, done.stderr[-6000:]
-    for report_path in (out, out.with_suffix(".rank1.json")):
-        report = json.loads(report_path.read_text())
-        assert no_fresh_compiles(report), report["fresh_compiles"]
-        assert {tuple(shape) for shape in report["shapes"]} == {(2, 32)}
-    assert only_empty_locks_appeared(cache, before) == []
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

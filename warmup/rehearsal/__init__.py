@@ -22,7 +22,9 @@ How it works:
   child with its own fresh cache directory (`cache_root/run-NNN/cache`). Several training units go
   into one run, one optimizer step each, as a cold training run would compile them; an evaluation
   runs alone. A run that stops making progress for `timeout_s` is killed. A multi-process job's
-  run goes under `torchrun` with the job's world size (gloo on CPU).
+  run goes under `torchrun` with the fewest processes whose ranks compile what the job's ranks
+  compile (2 for a job of any size, more only for GRPO/RLOO's generation groups; see `topology`),
+  each with the job's per-rank config and thread count (gloo on CPU).
 - Each signature's entry is every artifact file of its run's cache directory: self-contained, and
   the same files for every signature of the run (the blob store keeps them once); rehearse one
   signature per call for the smallest entries. If a run of several units fails, its files are
@@ -128,18 +130,35 @@ def rehearse(
     Setting `cancel` stops the runs (a worker shutting down): unfinished signatures come back failed,
     as they do when a run or the supervisor crashes (the note names the signal).
     """
-    if not signatures:
-        return []
+    options = {"timeout_s": timeout_s, "jobs": jobs, "isolation": isolation, "grouping": grouping}
+    return rehearse_signatures(
+        spec, signatures, cache_root, on_progress=on_progress, plan_size=plan_size, cancel=cancel, **options
+    ).results
+
+
+def rehearse_signatures(
+    spec: Spec,
+    signatures: list[Signature],
+    cache_root: str | os.PathLike[str],
+    *,
+    timeout_s: float = 1800.0,
+    on_progress: Callable[[Progress], None] | None = None,
+    jobs: int = 1,
+    plan_size: int | None = None,
+    isolation: Literal["fork", "subprocess"] | None = None,
+    grouping: bool = True,
+    cancel: threading.Event | None = None,
+) -> Rehearsal:
+    """`rehearse`, with what the supervisor said besides the results (how many processes ran)."""
     reasons = [eager_reason(spec.trainer, spec.target.backend, s) for s in signatures]
-    if all(reasons):  # nothing compiles: no process to start
-        return [
+    if all(reasons):  # nothing compiles (or nothing given): no process to start
+        results = [
             SignatureResult(key=s.key(), signature=s, status="ok", note=str(reason))
             for s, reason in zip(signatures, reasons, strict=True)
         ]
+        return Rehearsal(signatures, [], None, [], results)
     options = {"timeout_s": timeout_s, "jobs": jobs, "isolation": isolation, "grouping": grouping}
-    return _rehearse(
-        spec, signatures, cache_root, on_progress, plan_size=plan_size, cancel=cancel, **options
-    ).results
+    return _rehearse(spec, signatures, cache_root, on_progress, plan_size=plan_size, cancel=cancel, **options)
 
 
 @dataclass
@@ -151,6 +170,7 @@ class Rehearsal:
     toolchain: Toolchain | None
     skipped: list[str]
     results: list[SignatureResult]
+    processes: int = 1  # how many processes each run had (see topology; a job of N > 1 runs fewer)
 
 
 def rehearse_spec(
@@ -232,6 +252,7 @@ def _rehearse(
         toolchain=session.toolchain,
         skipped=session.skipped,
         results=session.results_in_order(),
+        processes=session.processes,
     )
 
 
@@ -296,6 +317,7 @@ class _Session:
         self.warnings: list[str] = []
         self.toolchain: Toolchain | None = None
         self.skipped: list[str] = []
+        self.processes = 1
         self.watchdog: _Watchdog | None = None
         self.aborted: BaseException | None = None
         self.root = root
@@ -365,6 +387,7 @@ class _Session:
             self.signatures = [Signature.model_validate(item) for item in event["signatures"]]
         self.warnings = list(event.get("warnings") or [])
         self.skipped = list(event.get("skipped") or [])
+        self.processes = int(event.get("processes") or 1)
         if event.get("toolchain"):
             self.toolchain = Toolchain.model_validate(event["toolchain"])
         if self.watchdog is not None:
@@ -372,7 +395,7 @@ class _Session:
             self.watchdog.extend_to(SUPERVISOR_GRACE_SECONDS + timeout * max(1, len(plan.units)))
         if self.on_planned is not None:
             self.on_planned(
-                Rehearsal(self.signatures, self.warnings, self.toolchain, self.skipped, results=[])
+                Rehearsal(self.signatures, self.warnings, self.toolchain, self.skipped, [], self.processes)
             )
         by_key = {s.key(): s for s in self.signatures}
         for key, reason in plan.nothing_to_compile.items():
@@ -508,5 +531,6 @@ __all__ = [
     "SignatureResult",
     "plan_units",
     "rehearse",
+    "rehearse_signatures",
     "rehearse_spec",
 ]

@@ -19,7 +19,7 @@ from typing import Any
 from warmup.activation import read_manifest
 from warmup.artifacts import MANIFEST_NAME, ArtifactFile, copy_tree
 from warmup.errors import ToolchainMismatchError
-from warmup.rehearsal import Progress, Rehearsal, SignatureResult, rehearse, rehearse_spec
+from warmup.rehearsal import Progress, Rehearsal, SignatureResult, rehearse_signatures, rehearse_spec
 from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.toolchain import Toolchain
@@ -35,6 +35,7 @@ class WarmReport:
     results: list[SignatureResult]
     reused: set[str] = field(default_factory=set)
     warnings: list[str] = field(default_factory=list)
+    processes: int = 1  # how many processes rehearsed each run (a job of N > 1 runs fewer: topology)
 
     @property
     def ok(self) -> bool:
@@ -82,9 +83,14 @@ def warm_directory(
         world = spec.target.world_size
         toolchain = current_toolchain(spec.target.backend, spec.target.device, world_size=world)
         todo = [s for s in signatures if s.key() not in present]
-        results = rehearse(spec, todo, work, plan_size=len(signatures), **options) if todo else []
+        done = rehearse_signatures(spec, todo, work, plan_size=len(signatures), **options) if todo else None
         rehearsal = Rehearsal(
-            signatures, [], toolchain, [s.key() for s in signatures if s.key() in present], results
+            signatures,
+            [],
+            toolchain,
+            [s.key() for s in signatures if s.key() in present],
+            done.results if done else [],
+            done.processes if done else 1,
         )
         check_toolchain(rehearsal)
     for result in rehearsal.results:
@@ -101,7 +107,13 @@ def warm_directory(
     results = [
         by_key.get(s.key()) or _reused_result(s, entries[s.key()], cache) for s in rehearsal.signatures
     ]
-    return WarmReport(cache_dir=cache, results=results, reused=reused, warnings=rehearsal.warnings)
+    return WarmReport(
+        cache_dir=cache,
+        results=results,
+        reused=reused,
+        warnings=rehearsal.warnings,
+        processes=rehearsal.processes,
+    )
 
 
 def _entry(result: SignatureResult) -> dict[str, Any]:

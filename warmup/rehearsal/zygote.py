@@ -210,6 +210,7 @@ def main(argv: list[str]) -> int:
         warnings=warnings,
         toolchain=toolchain.model_dump(mode="json") if toolchain else None,
         skipped=sorted(skip & {signature.key() for signature in signatures}),
+        processes=processes,
     )
 
     pending = group_runs(planned.units, facts["train_rows"], job.get("grouping", True))
