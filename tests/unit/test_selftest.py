@@ -1,0 +1,65 @@
+"""`warmup selftest`'s verdicts and jobs, without compiling (the run itself: tests/e2e/test_selftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from warmup.errors import SpecError
+from warmup.planner import plan_spec
+from warmup.selftest import (
+    PHASE_JOBS,
+    VERDICT_FAIL,
+    VERDICT_NOTHING,
+    VERDICT_PASS,
+    job_spec,
+    judge,
+    run_selftest,
+)
+from warmup.spec import load_spec
+
+NONE = {"fxgraph_cache_miss": 0, "autograd_cache_miss": 0, "new_files": 0}
+
+
+def planned(model, phase, backend="inductor", device="cpu"):
+    job = PHASE_JOBS[phase]
+    plan = plan_spec(load_spec(job_spec(job, model, backend, device)))
+    return [s for s in plan.signatures if s.phase in job.judged]
+
+
+def test_a_phase_passes_when_its_signatures_were_met_and_nothing_compiled(tiny_model_dir):
+    signatures = planned(tiny_model_dir, "train")
+    assert judge(signatures, [s.shape_label for s in signatures], NONE, "inductor")[0] == VERDICT_PASS
+
+
+def test_a_fresh_compile_or_an_unmet_signature_fails_the_phase(tiny_model_dir):
+    signatures = planned(tiny_model_dir, "ref")
+    labels = [s.shape_label for s in signatures]
+    verdict, detail = judge(signatures, labels, {**NONE, "fxgraph_cache_miss": 2}, "inductor")
+    assert verdict == VERDICT_FAIL and "fxgraph_cache_miss 2" in detail
+    verdict, detail = judge(signatures, [], NONE, "inductor")
+    assert verdict == VERDICT_FAIL and "never met" in detail and labels[0] in detail
+
+
+def test_generation_under_inductor_has_nothing_to_compile_and_is_not_called_a_pass(tiny_model_dir):
+    signatures = planned(tiny_model_dir, "generation")
+    assert {s.phase for s in signatures} == {"generate_prefill", "generate_decode"}
+    assert all(s.compile == "eager" for s in signatures)
+    assert judge(signatures, [], NONE, "inductor")[0] == VERDICT_NOTHING
+    # ... unless it compiled after all
+    assert judge(signatures, [], {**NONE, "new_files": 1}, "inductor")[0] == VERDICT_FAIL
+
+
+def test_on_neuron_every_phase_compiles(tiny_model_dir):
+    for phase in PHASE_JOBS:
+        signatures = planned(tiny_model_dir, phase, "neuron", "neuron")
+        assert signatures and all(s.compile == "neuron" for s in signatures)
+        spec = job_spec(PHASE_JOBS[phase], tiny_model_dir, "neuron", "neuron")
+        assert spec["args"]["torch_compile_backend"] == "neuron" and "use_cpu" not in spec["args"]
+
+
+def test_unknown_phases_and_mismatched_backends_are_refused_before_any_work(tmp_path):
+    with pytest.raises(SpecError, match="unknown phase"):
+        run_selftest("inductor", "cpu", phases=("train", "decode"), work_dir=tmp_path)
+    with pytest.raises(SpecError, match=r"target\.device"):
+        run_selftest("neuron", "cpu", work_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
