@@ -37,8 +37,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from warmup.errors import SpecError, WarmupError
 
 PHASES = ("train", "ref", "generation")
@@ -98,13 +96,15 @@ PHASE_JOBS = {
 class PhaseResult:
     phase: str
     trainer: str
-    verdict: str
-    detail: str
     signatures: list[str]  # the judged phase's planned signatures (shape labels)
-    met: list[str]  # those the training process met
-    fresh: dict[str, int]  # the training process's fresh compiles by kind (new_files: a count)
-    warm_seconds: float
-    train_seconds: float
+    verdict: str = VERDICT_FAIL
+    detail: str = ""
+    met: list[str] = dataclasses.field(default_factory=list)  # those the training process met
+    # the training process's fresh compiles by kind (new_files: a count); empty: it did not train
+    fresh: dict[str, int] = dataclasses.field(default_factory=dict)
+    warm_seconds: float = 0.0
+    train_seconds: float = 0.0
+    toolchain: str | None = None  # the warmed cache's toolchain, in one line
 
     @property
     def fresh_total(self) -> int:
@@ -186,14 +186,11 @@ def run_selftest(
     weights = save_weights(model, work / "weights", seed=WEIGHTS_SEED)
     say(f"work dir {work}")
     results: list[PhaseResult] = []
-    toolchain = ""
     for phase in phases:
-        result, toolchain = _run_phase(
-            PHASE_JOBS[phase], work / phase, model, weights, backend, device, timeout_s, say
-        )
-        toolchain = toolchain or ""
+        result = _run_phase(PHASE_JOBS[phase], work / phase, model, weights, backend, device, timeout_s, say)
         results.append(result)
         say(format_row(result))
+    toolchain = next((r.toolchain for r in results if r.toolchain), f"{backend}/{device}")
     report = SelftestReport(backend, device, toolchain, work, results, time.perf_counter() - start)
     if report.passed and not keep:
         shutil.rmtree(work, ignore_errors=True)
@@ -209,54 +206,47 @@ def _run_phase(
     device: str,
     timeout_s: float,
     say: Callable[[str], None],
-) -> tuple[PhaseResult, str | None]:
+) -> PhaseResult:
     from warmup.planner import plan_spec
     from warmup.rehearsal.local import warm_directory
     from warmup.spec import Spec
 
     directory.mkdir(parents=True, exist_ok=True)
     spec_data = job_spec(job, model, backend, device)
-    spec_path = directory / "job.yaml"
-    spec_path.write_text(yaml.safe_dump(spec_data, sort_keys=False))
+    spec_path = directory / "job.json"
+    spec_path.write_text(json.dumps(spec_data, indent=1))
     spec = Spec.model_validate(spec_data)
     judged = [s for s in plan_spec(spec).signatures if s.phase in job.judged]
-    labels = [s.shape_label for s in judged]
-    say(f"{job.phase}: {job.trainer} job, warming ({', '.join(labels) or 'no signature of this phase'})")
+    result = PhaseResult(job.phase, job.trainer, [s.shape_label for s in judged])
+    shown = ", ".join(result.signatures) or "no signature of this phase"
+    say(f"{job.phase}: {job.trainer} job, warming ({shown})")
 
     cache = directory / "cache"
     began = time.perf_counter()
     report = warm_directory(
         spec, cache, timeout_s=timeout_s, work_dir=directory / "warm-work", keep_work=True
     )
-    warm_seconds = time.perf_counter() - began
-    toolchain = _toolchain_line(cache)
-    base = {"phase": job.phase, "trainer": job.trainer, "signatures": labels, "warm_seconds": warm_seconds}
+    result.warm_seconds = time.perf_counter() - began
+    result.toolchain = _toolchain_line(cache)
     failed = [r for r in report.results if r.status != "ok"]
     if failed:
         first = failed[0]
-        detail = f"warm-up {first.status} for {first.signature.shape_label}: {first.note}"
+        result.detail = f"warm-up {first.status} for {first.signature.shape_label}: {first.note}"
         (directory / "warm-failure.log").write_text(first.log_tail)
-        return PhaseResult(
-            **base, verdict=VERDICT_FAIL, detail=detail, met=[], fresh={}, train_seconds=0.0
-        ), toolchain
+        return result
 
     say(f"{job.phase}: training in a fresh process over the warmed cache")
     began = time.perf_counter()
     outcome = _train_fresh(directory, spec_path, cache, weights, timeout_s)
-    train_seconds = time.perf_counter() - began
+    result.train_seconds = time.perf_counter() - began
     if "error" in outcome:
-        detail = f"the training process failed: {outcome['error']}"
-        return PhaseResult(
-            **base, verdict=VERDICT_FAIL, detail=detail, met=[], fresh={}, train_seconds=train_seconds
-        ), toolchain
-    fresh = {name: int(count) for name, count in outcome["fresh"].items()}
+        result.detail = f"the training process failed: {outcome['error']}"
+        return result
+    result.fresh = {name: int(count) for name, count in outcome["fresh"].items()}
     met_shapes = {tuple(shape) for shape in outcome["met"]}
-    met = [s.shape_label for s in judged if (s.phase, s.batch, s.seq_len) in met_shapes]
-    verdict, detail = judge(judged, met, fresh, backend)
-    result = PhaseResult(
-        **base, verdict=verdict, detail=detail, met=met, fresh=fresh, train_seconds=train_seconds
-    )
-    return result, toolchain
+    result.met = [s.shape_label for s in judged if (s.phase, s.batch, s.seq_len) in met_shapes]
+    result.verdict, result.detail = judge(judged, result.met, result.fresh, backend)
+    return result
 
 
 def judge(judged: list[Any], met: list[str], fresh: dict[str, int], backend: str) -> tuple[str, str]:
@@ -305,7 +295,8 @@ def _train_fresh(directory: Path, spec: Path, cache: Path, weights: Path, timeou
     if done.returncode != 0 or not out.is_file():
         tail = log.read_bytes()[-LOG_TAIL_CHARS:].decode(errors="replace")
         return {"error": f"exit code {done.returncode}; its log ({log}) ends:\n{tail}"}
-    return json.loads(out.read_text())
+    outcome: dict[str, Any] = json.loads(out.read_text())
+    return outcome
 
 
 # --- the training process ---------------------------------------------------------------------------

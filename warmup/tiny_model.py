@@ -8,6 +8,7 @@ weights initialised from them (2 layers, 64 wide: compiles in seconds, runs on a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 VOCAB_WORDS = 200
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
@@ -17,7 +18,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer():
+def build_tokenizer() -> Any:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -60,7 +61,7 @@ def write_tiny_model(directory: Path, *, seq_classification: bool = False, layer
     return directory
 
 
-def init_model(directory: Path, *, seed: int = 0):
+def init_model(directory: Path, *, seed: int = 0) -> Any:
     """Weights initialised from the config (a seed makes them differ between runs that must not care)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification

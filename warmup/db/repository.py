@@ -42,7 +42,7 @@ def pool_entry(pool: str, world_size: int) -> str:
     A job's toolchain is what one of its training processes sees, and under torchrun a CPU process
     runs fewer threads (part of Inductor's key): a worker registers `pool` for jobs of one process and
     `pool@N` for jobs of several. Every rank of a job of N > 1 processes compiles the same graphs
-    and runs the same threads at any N (warmup/rehearsal/topology.py), so one entry, `pool@2`,
+    and runs the same threads at any N (warmup/planner/topology.py), so one entry, `pool@2`,
     serves them all: a worker started with `--world-sizes 1,2` warms a job of 64 processes.
     """
     return pool if world_size == 1 else f"{pool}@2"

@@ -98,8 +98,8 @@ def _target_warnings(plan: PlanBuilder) -> None:
 
 def _world_size_notes(plan: PlanBuilder) -> None:
     """What of a job of several processes depends on its world size, and how it is warmed (see
-    warmup/rehearsal/topology.py and docs/multi-node.md)."""
-    from warmup.rehearsal.topology import rehearsal_processes
+    warmup/planner/topology.py and docs/multi-node.md)."""
+    from warmup.planner.topology import rehearsal_processes
 
     target = plan.spec.target
     world = target.world_size

@@ -23,7 +23,7 @@ How it works:
   into one run, one optimizer step each, as a cold training run would compile them; an evaluation
   runs alone. A run that stops making progress for `timeout_s` is killed. A multi-process job's
   run goes under `torchrun` with the fewest processes whose ranks compile what the job's ranks
-  compile (2 for a job of any size, more only for GRPO/RLOO's generation groups; see `topology`),
+  compile (2 for a job of any size, more only for GRPO/RLOO's generation groups; see warmup/planner/topology.py),
   each with the job's per-rank config and thread count (gloo on CPU).
 - Each signature's entry is every artifact file of its run's cache directory: self-contained, and
   the same files for every signature of the run (the blob store keeps them once); rehearse one
@@ -170,7 +170,7 @@ class Rehearsal:
     toolchain: Toolchain | None
     skipped: list[str]
     results: list[SignatureResult]
-    processes: int = 1  # how many processes each run had (see topology; a job of N > 1 runs fewer)
+    processes: int = 1  # how many processes each run had (see planner/topology.py; a job of N > 1 runs fewer)
 
 
 def rehearse_spec(

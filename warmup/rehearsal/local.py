@@ -35,7 +35,7 @@ class WarmReport:
     results: list[SignatureResult]
     reused: set[str] = field(default_factory=set)
     warnings: list[str] = field(default_factory=list)
-    processes: int = 1  # how many processes rehearsed each run (a job of N > 1 runs fewer: topology)
+    processes: int = 1  # processes per run (a job of N > 1 runs fewer: warmup/planner/topology.py)
 
     @property
     def ok(self) -> bool:
@@ -83,7 +83,17 @@ def warm_directory(
         world = spec.target.world_size
         toolchain = current_toolchain(spec.target.backend, spec.target.device, world_size=world)
         todo = [s for s in signatures if s.key() not in present]
-        done = rehearse_signatures(spec, todo, work, plan_size=len(signatures), **options) if todo else None
+        done = None
+        if todo:
+            done = rehearse_signatures(
+                spec,
+                todo,
+                work,
+                plan_size=len(signatures),
+                timeout_s=timeout_s,
+                jobs=jobs,
+                on_progress=on_progress,
+            )
         rehearsal = Rehearsal(
             signatures,
             [],

@@ -134,8 +134,8 @@ def config_facts(spec: Any) -> dict[str, Any]:
 
 
 def rehearsal_topology(spec: Any) -> tuple[int, Any]:
-    """How many processes rehearse `spec`, and the spec each of them runs (see `topology`)."""
-    from warmup.rehearsal.topology import rank_args, rehearsal_processes
+    """How many processes rehearse `spec`, and the spec each of them runs (see warmup/planner/topology.py)."""
+    from warmup.planner.topology import rank_args, rehearsal_processes
     from warmup.trl_args import resolve_trainer_args
 
     config = resolve_trainer_args(spec).config
