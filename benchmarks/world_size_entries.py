@@ -6,12 +6,13 @@ of its own, then compares what every rank left in its directory: the FX graph ke
 keys, the artifact files (paths; bytes too, but for the `.so` kernels, whose bytes embed the build
 directory), the compile key tag and the thread count.
 
-    python benchmarks/world_size_entries.py [--work DIR] [--configs 1x2,1x1,2x1,3x1]
+    python benchmarks/world_size_entries.py [--work DIR] [--configs 1x2,1x1,2x1,3x1] [--hidden 64]
 
 A configuration `RxT` is R ranks of T threads each (OMP_NUM_THREADS=T). It prints one row per
 configuration and rank, compared with the first rank of the reference configuration (`--reference`,
-default 2x1: what `warmup warm` now runs for a job of 2 or more processes), and writes every rank's
-listing to WORK/results.json.
+default 2x1: what `warmup warm` runs for a job of 2 or more processes), and writes every rank's
+listing to WORK/results.json. `--hidden 256` makes the model larger than DDP's first gradient bucket,
+so that Dynamo's DDP optimizer splits the graph at bucket boundaries.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def spec_for(model: Path, world_size: int) -> dict[str, Any]:
+def spec_for(model: Path, world_size: int) -> dict[str, Any]:  # one signature: train 2x32
     return {
         "trainer": "sft",
         "model": str(model),
@@ -76,6 +77,14 @@ def rank_main(job_path: Path) -> int:
 
 
 def listing(cache: Path) -> dict[str, Any]:
+    """Every artifact file by path, with a digest of its content where the content says something.
+
+    An FX graph or AOTAutograd entry is a file `<key>/<sha256 of its content>`, and that content
+    holds what differs from process to process whatever it compiles (the cache directory's path, a
+    memory address in its debug lines, compile times): it is listed as `<key>/<entry>`, compared by
+    its key. `.so` kernels embed their build directory: compared by path. The rest (generated C++ and
+    Python) by content.
+    """
     from warmup.artifacts import sha256_file
     from warmup.backends import get_backend
 
@@ -83,8 +92,12 @@ def listing(cache: Path) -> dict[str, Any]:
     files = {}
     for path in sorted(p for p in cache.rglob("*") if p.is_file()):
         relative = path.relative_to(cache).as_posix()
-        if backend.is_artifact(relative):
-            files[relative] = sha256_file(path)
+        if not backend.is_artifact(relative):
+            continue
+        if relative.startswith(("fxgraph/", "aotautograd/")):
+            files[f"{path.parent.relative_to(cache).as_posix()}/<entry>"] = ""
+        else:
+            files[relative] = "" if relative.endswith(".so") else sha256_file(path)
     return {
         "fx": sorted(p.name for p in (cache / "fxgraph").glob("*/*") if p.is_dir()),
         "aot": sorted(p.name for p in (cache / "aotautograd").glob("*") if p.is_dir()),
@@ -141,7 +154,7 @@ def same(ours: dict[str, str], theirs: dict[str, str], *, bytes_too: bool) -> st
     if set(ours) != set(theirs):
         return f"no ({len(set(ours) ^ set(theirs))} differ)"
     if bytes_too:
-        differ = [p for p in ours if not p.endswith(".so") and ours[p] != theirs[p]]
+        differ = [p for p in ours if ours[p] != theirs[p]]
         if differ:
             return f"paths yes, bytes: {len(differ)} differ"
     return "yes"
@@ -152,6 +165,12 @@ def main() -> int:
     parser.add_argument("--work", type=Path)
     parser.add_argument("--configs", default="1x2,1x1,2x1,3x1")
     parser.add_argument("--reference", default="2x1")
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        default=64,
+        help="model width: 64 fits in DDP's first gradient bucket (1 MB), 256 does not",
+    )
     parser.add_argument("--rank-job", type=Path, help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.rank_job:
@@ -161,7 +180,7 @@ def main() -> int:
 
     work = (ns.work or Path(tempfile.mkdtemp(prefix="world-size-"))).absolute()
     work.mkdir(parents=True, exist_ok=True)
-    model = write_tiny_model(work / "model")
+    model = write_tiny_model(work / "model", hidden=ns.hidden)
     configs = [tuple(int(x) for x in item.split("x")) for item in ns.configs.split(",")]
     results = []
     for ranks, threads in configs:
@@ -170,7 +189,7 @@ def main() -> int:
     (work / "results.json").write_text(json.dumps(results, indent=1))
     reference = next(r for r in results if r["config"] == ns.reference and r["rank"] == 0)
     headers = ["ranks x threads", "rank", "DDP", "key tag threads", "FX keys", "AOT keys", "files"]
-    headers += ["same FX keys", "same AOT keys", "same files"]
+    headers += ["same FX keys", "same AOT keys", "same files (entries, kernels)"]
     print("| " + " | ".join(headers) + " |")
     print("|" + "---|" * len(headers))
     for result in results:

@@ -34,19 +34,21 @@ def build_tokenizer() -> Any:
     return tokenizer
 
 
-def write_tiny_model(directory: Path, *, seq_classification: bool = False, layers: int = 2) -> Path:
+def write_tiny_model(
+    directory: Path, *, seq_classification: bool = False, layers: int = 2, hidden: int = 64
+) -> Path:
     """Write config.json and the tokenizer of a tiny Qwen3 model into `directory` (no weights)."""
     from transformers import Qwen3Config
 
     tokenizer = build_tokenizer()
     config = Qwen3Config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=hidden // 4,
         max_position_embeddings=4096,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
