@@ -1,18 +1,18 @@
 """`warmup selftest`: the zero-compile proof, run on this machine's own hardware in a few minutes.
 
-For each phase it writes a tiny model (a 2-layer Qwen3 config, a word-level tokenizer and random
-weights: nothing is downloaded), writes a small TRL job for it, plans the job, warms it into a fresh
-cache directory with `warmup.rehearsal.local.warm_directory` (the job's own TRL trainer on synthetic
-data, in the rehearsal's processes), then trains the job in a fresh process the way a training pod
-does: `warmup.activate(spec, cache_dir)` and `WarmupCallback` first, then the job's trainer with other
+It writes a tiny model (a 2-layer Qwen3 config, a word-level tokenizer and random weights: nothing
+is downloaded) and, for each of two small TRL jobs, plans the job, warms it into a fresh cache
+directory with `warmup.rehearsal.local.warm_directory` (the job's own TRL trainer on synthetic data,
+in the rehearsal's processes), then trains it in a fresh process the way a training pod does:
+`warmup.activate(spec, cache_dir)` and `WarmupCallback` first, then the job's trainer with other
 weights and other data. That process reports what it still compiled and which signatures it met.
 
-Phases, one job each:
-- train: an SFT job (the policy's forward and backward);
-- ref: a DPO job (the policy and a separate reference model, which is compiled too);
-- generation: a GRPO job generating with a static KV cache (prefill and one decode step per token).
+Phases, and the job that proves them:
+- train: the policy's forward and backward (a DPO job);
+- ref: the reference model's forward, compiled too (the same DPO job);
+- generation: generating with a static KV cache, a prefill and one decode step per token (a GRPO job).
 
-Verdicts: `pass` (every warmed signature of the phase was met, and the job compiled nothing),
+Verdicts: `pass` (every planned signature of the phase was met, and the job compiled nothing),
 `FAIL` (the job compiled something, a signature was never met, or the warm-up failed), and
 `nothing to compile` (the plan labels every signature of the phase eager on this backend, as
 generation is under Inductor because TRL generates with `disable_compile=True`, and the job
@@ -39,7 +39,6 @@ from typing import Any
 
 from warmup.errors import SpecError, WarmupError
 
-PHASES = ("train", "ref", "generation")
 VERDICT_PASS, VERDICT_FAIL, VERDICT_NOTHING = "pass", "FAIL", "nothing to compile"
 TRAIN_STEPS = 2
 DATA_SEED = 7  # the training process's data and weights are not the warm-up's
@@ -48,34 +47,26 @@ LOG_TAIL_CHARS = 3000
 
 
 @dataclasses.dataclass(frozen=True)
-class PhaseJob:
-    """One phase's TRL job: the trainer, its config fields, the data facts and the phases judged."""
+class SelftestJob:
+    """A small TRL job and the phases it proves: {phase: the signature phases its verdict is about}."""
 
-    phase: str
     trainer: str
     args: dict[str, Any]
     data: dict[str, Any]
-    judged: tuple[str, ...]  # the signature phases this phase's verdict is about
+    phases: dict[str, tuple[str, ...]]
 
 
-# Tiny shapes: one padded width per job, so each warms one training step.
-PHASE_JOBS = {
-    "train": PhaseJob(
-        "train",
-        "sft",
-        {"per_device_train_batch_size": 2, "max_length": 32, "pad_to_multiple_of": 32},
-        {"num_train_examples": 2 * TRAIN_STEPS, "min_tokens": 12, "max_tokens": 32},
-        ("train",),
-    ),
-    "ref": PhaseJob(
-        "ref",
+# Tiny shapes: one padded width per job, so that each warms one training step.
+JOBS = (
+    # the policy's forward and backward, and the reference model's forward (compiled too)
+    SelftestJob(
         "dpo",
         {"per_device_train_batch_size": 2, "max_length": 32, "pad_to_multiple_of": 32},
         {"num_train_examples": 2 * TRAIN_STEPS, "min_tokens": 12, "max_tokens": 32},
-        ("ref",),
+        {"train": ("train",), "ref": ("ref",)},
     ),
-    "generation": PhaseJob(
-        "generation",
+    # generation with a static KV cache: a prefill and one decode step per token
+    SelftestJob(
         "grpo",
         {
             "per_device_train_batch_size": 2,
@@ -87,24 +78,24 @@ PHASE_JOBS = {
             "beta": 0.0,
         },
         {"min_prompt_tokens": 4, "max_prompt_tokens": 16},
-        ("generate_prefill", "generate_decode"),
+        {"generation": ("generate_prefill", "generate_decode")},
     ),
-}
+)
+PHASES = tuple(phase for job in JOBS for phase in job.phases)
 
 
 @dataclasses.dataclass
 class PhaseResult:
     phase: str
-    trainer: str
-    signatures: list[str]  # the judged phase's planned signatures (shape labels)
+    trainer: str  # the job that proves it
+    signatures: list[str]  # the phase's planned signatures (shape labels)
     verdict: str = VERDICT_FAIL
     detail: str = ""
     met: list[str] = dataclasses.field(default_factory=list)  # those the training process met
     # the training process's fresh compiles by kind (new_files: a count); empty: it did not train
     fresh: dict[str, int] = dataclasses.field(default_factory=dict)
-    warm_seconds: float = 0.0
+    warm_seconds: float = 0.0  # the job's, shared by the phases it proves
     train_seconds: float = 0.0
-    toolchain: str | None = None  # the warmed cache's toolchain, in one line
 
     @property
     def fresh_total(self) -> int:
@@ -134,8 +125,8 @@ def default_device(backend: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def job_spec(job: PhaseJob, model: Path, backend: str, device: str) -> dict[str, Any]:
-    """The phase's spec: fp32 everywhere (an autocast region bypasses AOTAutograd's cache on torch 2.13)."""
+def job_spec(job: SelftestJob, model: Path, backend: str, device: str) -> dict[str, Any]:
+    """The job's spec: fp32 everywhere (an autocast region bypasses AOTAutograd's cache on torch 2.13)."""
     args: dict[str, Any] = {
         "torch_compile": True,
         "bf16": False,
@@ -165,7 +156,7 @@ def run_selftest(
     timeout_s: float = 900.0,
     on_line: Callable[[str], None] | None = None,
 ) -> SelftestReport:
-    """Plan, warm and train each phase's job here; a verdict per phase. `on_line` gets progress lines.
+    """Plan, warm and train the jobs of `phases` here; a verdict per phase. `on_line` gets progress lines.
 
     The work directory (default: a new temporary one) is removed at the end unless `keep` is set or
     a phase failed (its logs are there). Raises SpecError for an unknown phase or backend/device pair.
@@ -174,7 +165,7 @@ def run_selftest(
     from warmup.tiny_model import save_weights, write_tiny_model
 
     say = on_line or (lambda line: None)
-    unknown = [phase for phase in phases if phase not in PHASE_JOBS]
+    unknown = [phase for phase in phases if phase not in PHASES]
     if unknown or not phases:
         raise SpecError(f"unknown phase(s) {unknown}: choose from {', '.join(PHASES)}", loc="phases")
     device = device or default_device(backend)
@@ -186,19 +177,50 @@ def run_selftest(
     weights = save_weights(model, work / "weights", seed=WEIGHTS_SEED)
     say(f"work dir {work}")
     results: list[PhaseResult] = []
-    for phase in phases:
-        result = _run_phase(PHASE_JOBS[phase], work / phase, model, weights, backend, device, timeout_s, say)
-        results.append(result)
-        say(format_row(result))
-    toolchain = next((r.toolchain for r in results if r.toolchain), f"{backend}/{device}")
+    toolchain = f"{backend}/{device}"
+    for job in JOBS:
+        wanted = [phase for phase in job.phases if phase in phases]
+        if not wanted:
+            continue
+        run = _run_job(job, work / job.trainer, model, weights, backend, device, timeout_s, say)
+        toolchain = run.toolchain or toolchain
+        for phase in wanted:
+            results.append(run.judge(phase, job.phases[phase], backend))
+            say(format_row(results[-1]))
     report = SelftestReport(backend, device, toolchain, work, results, time.perf_counter() - start)
     if report.passed and not keep:
         shutil.rmtree(work, ignore_errors=True)
     return report
 
 
-def _run_phase(
-    job: PhaseJob,
+@dataclasses.dataclass
+class JobRun:
+    """What warming and training one job gave: its plan, times, and the training process's outcome."""
+
+    trainer: str
+    signatures: list[Any]
+    warm_seconds: float = 0.0
+    train_seconds: float = 0.0
+    toolchain: str | None = None
+    failure: str = ""  # why the job could not be judged (the warm-up or the training process failed)
+    fresh: dict[str, int] = dataclasses.field(default_factory=dict)
+    met: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)  # (phase, batch, seq_len)
+
+    def judge(self, phase: str, signature_phases: tuple[str, ...], backend: str) -> PhaseResult:
+        judged = [s for s in self.signatures if s.phase in signature_phases]
+        result = PhaseResult(phase, self.trainer, [s.shape_label for s in judged])
+        result.warm_seconds, result.train_seconds = self.warm_seconds, self.train_seconds
+        if self.failure:
+            result.detail = self.failure
+            return result
+        result.fresh = dict(self.fresh)
+        result.met = [s.shape_label for s in judged if (s.phase, s.batch, s.seq_len) in self.met]
+        result.verdict, result.detail = judge(judged, result.met, result.fresh, backend)
+        return result
+
+
+def _run_job(
+    job: SelftestJob,
     directory: Path,
     model: Path,
     weights: Path,
@@ -206,7 +228,7 @@ def _run_phase(
     device: str,
     timeout_s: float,
     say: Callable[[str], None],
-) -> PhaseResult:
+) -> JobRun:
     from warmup.planner import plan_spec
     from warmup.rehearsal.local import warm_directory
     from warmup.spec import Spec
@@ -216,37 +238,33 @@ def _run_phase(
     spec_path = directory / "job.json"
     spec_path.write_text(json.dumps(spec_data, indent=1))
     spec = Spec.model_validate(spec_data)
-    judged = [s for s in plan_spec(spec).signatures if s.phase in job.judged]
-    result = PhaseResult(job.phase, job.trainer, [s.shape_label for s in judged])
-    shown = ", ".join(result.signatures) or "no signature of this phase"
-    say(f"{job.phase}: {job.trainer} job, warming ({shown})")
+    run = JobRun(job.trainer, plan_spec(spec).signatures)
+    say(f"{job.trainer}: warming {', '.join(s.shape_label for s in run.signatures)}")
 
     cache = directory / "cache"
     began = time.perf_counter()
     report = warm_directory(
         spec, cache, timeout_s=timeout_s, work_dir=directory / "warm-work", keep_work=True
     )
-    result.warm_seconds = time.perf_counter() - began
-    result.toolchain = _toolchain_line(cache)
+    run.warm_seconds = time.perf_counter() - began
+    run.toolchain = _toolchain_line(cache)
     failed = [r for r in report.results if r.status != "ok"]
     if failed:
         first = failed[0]
-        result.detail = f"warm-up {first.status} for {first.signature.shape_label}: {first.note}"
+        run.failure = f"warm-up {first.status} for {first.signature.shape_label}: {first.note}"
         (directory / "warm-failure.log").write_text(first.log_tail)
-        return result
+        return run
 
-    say(f"{job.phase}: training in a fresh process over the warmed cache")
+    say(f"{job.trainer}: training in a fresh process over the warmed cache")
     began = time.perf_counter()
     outcome = _train_fresh(directory, spec_path, cache, weights, timeout_s)
-    result.train_seconds = time.perf_counter() - began
+    run.train_seconds = time.perf_counter() - began
     if "error" in outcome:
-        result.detail = f"the training process failed: {outcome['error']}"
-        return result
-    result.fresh = {name: int(count) for name, count in outcome["fresh"].items()}
-    met_shapes = {tuple(shape) for shape in outcome["met"]}
-    result.met = [s.shape_label for s in judged if (s.phase, s.batch, s.seq_len) in met_shapes]
-    result.verdict, result.detail = judge(judged, result.met, result.fresh, backend)
-    return result
+        run.failure = f"the training process failed: {outcome['error']}"
+        return run
+    run.fresh = {name: int(count) for name, count in outcome["fresh"].items()}
+    run.met = {tuple(shape) for shape in outcome["met"]}
+    return run
 
 
 def judge(judged: list[Any], met: list[str], fresh: dict[str, int], backend: str) -> tuple[str, str]:
@@ -397,32 +415,37 @@ def _length_reward(completions: list[Any], **_: Any) -> list[float]:
 # --- output -----------------------------------------------------------------------------------------
 
 
+def format_fresh(result: PhaseResult) -> str:
+    """`0`, or the total and its nonzero kinds; `-` when the job did not train."""
+    if not result.fresh:
+        return "-"
+    kinds = ", ".join(f"{name} {count}" for name, count in sorted(result.fresh.items()) if count)
+    return f"{result.fresh_total} ({kinds})" if kinds else "0"
+
+
 def format_row(result: PhaseResult) -> str:
-    fresh = "-" if not result.fresh and result.verdict == VERDICT_FAIL else str(result.fresh_total)
     return (
-        f"{result.phase}: {result.verdict} ({result.trainer}; warm {result.warm_seconds:.1f} s, "
-        f"train {result.train_seconds:.1f} s, fresh compiles {fresh}): {result.detail}"
+        f"{result.phase}: {result.verdict} ({result.trainer} job; warm {result.warm_seconds:.1f} s, "
+        f"train {result.train_seconds:.1f} s, fresh compiles {format_fresh(result)}): {result.detail}"
     )
 
 
 def format_report(report: SelftestReport) -> str:
     """The verdict table, then one summary line."""
     headers = ("phase", "job", "signatures", "met", "fresh compiles", "warm", "train", "verdict")
-    rows = []
-    for result in report.phases:
-        kinds = ", ".join(f"{name} {count}" for name, count in sorted(result.fresh.items()))
-        rows.append(
-            (
-                result.phase,
-                result.trainer,
-                ", ".join(result.signatures) or "-",
-                f"{len(result.met)}/{len(result.signatures)}",
-                f"{result.fresh_total} ({kinds})" if result.fresh else "-",
-                f"{result.warm_seconds:.1f} s",
-                f"{result.train_seconds:.1f} s",
-                result.verdict,
-            )
+    rows = [
+        (
+            result.phase,
+            result.trainer,
+            ", ".join(result.signatures) or "-",
+            f"{len(result.met)}/{len(result.signatures)}",
+            format_fresh(result),
+            f"{result.warm_seconds:.1f} s",
+            f"{result.train_seconds:.1f} s",
+            result.verdict,
         )
+        for result in report.phases
+    ]
     widths = [max(len(str(row[i])) for row in (headers, *rows)) for i in range(len(headers))]
     lines = [
         "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
@@ -431,6 +454,7 @@ def format_report(report: SelftestReport) -> str:
     failed = [result.phase for result in report.phases if result.verdict == VERDICT_FAIL]
     minutes, seconds = divmod(round(report.seconds), 60)
     took = f"{minutes} min {seconds:02d} s"
+    lines.append("(warm and train: the job's, shared by the phases it proves)")
     if failed:
         lines.append(f"\nselftest FAILED ({', '.join(failed)}) in {took}; logs in {report.work_dir}")
     else:

@@ -7,7 +7,8 @@ import pytest
 from warmup.errors import SpecError
 from warmup.planner import plan_spec
 from warmup.selftest import (
-    PHASE_JOBS,
+    JOBS,
+    PHASES,
     VERDICT_FAIL,
     VERDICT_NOTHING,
     VERDICT_PASS,
@@ -21,9 +22,9 @@ NONE = {"fxgraph_cache_miss": 0, "autograd_cache_miss": 0, "new_files": 0}
 
 
 def planned(model, phase, backend="inductor", device="cpu"):
-    job = PHASE_JOBS[phase]
+    job = next(job for job in JOBS if phase in job.phases)
     plan = plan_spec(load_spec(job_spec(job, model, backend, device)))
-    return [s for s in plan.signatures if s.phase in job.judged]
+    return [s for s in plan.signatures if s.phase in job.phases[phase]]
 
 
 def test_a_phase_passes_when_its_signatures_were_met_and_nothing_compiled(tiny_model_dir):
@@ -50,10 +51,12 @@ def test_generation_under_inductor_has_nothing_to_compile_and_is_not_called_a_pa
 
 
 def test_on_neuron_every_phase_compiles(tiny_model_dir):
-    for phase in PHASE_JOBS:
+    assert PHASES == ("train", "ref", "generation")
+    for phase in PHASES:
         signatures = planned(tiny_model_dir, phase, "neuron", "neuron")
         assert signatures and all(s.compile == "neuron" for s in signatures)
-        spec = job_spec(PHASE_JOBS[phase], tiny_model_dir, "neuron", "neuron")
+    for job in JOBS:
+        spec = job_spec(job, tiny_model_dir, "neuron", "neuron")
         assert spec["args"]["torch_compile_backend"] == "neuron" and "use_cpu" not in spec["args"]
 
 
