@@ -130,7 +130,7 @@ class Toolchain(BaseModel):
         """Fields that differ, as {field: (ours, theirs)}; environment variables as `env.NAME`."""
         ours, theirs = self.model_dump(mode="json"), other.model_dump(mode="json")
         differences: dict[str, tuple[Any, Any]] = {}
-        for field in self.model_fields:
+        for field in type(self).model_fields:
             if field == "env":
                 continue
             if ours[field] != theirs[field]:
