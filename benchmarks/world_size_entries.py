@@ -7,12 +7,15 @@ keys, the artifact files (paths; bytes too, but for the `.so` kernels, whose byt
 directory), the compile key tag and the thread count.
 
     python benchmarks/world_size_entries.py [--work DIR] [--configs 1x2,1x1,2x1,3x1] [--hidden 64]
+                                            [--train-at 3]
 
 A configuration `RxT` is R ranks of T threads each (OMP_NUM_THREADS=T). It prints one row per
 configuration and rank, compared with the first rank of the reference configuration (`--reference`,
 default 2x1: what `warmup warm` runs for a job of 2 or more processes), and writes every rank's
 listing to WORK/results.json. `--hidden 256` makes the model larger than DDP's first gradient bucket,
-so that Dynamo's DDP optimizer splits the graph at bucket boundaries.
+so that Dynamo's DDP optimizer splits the graph at bucket boundaries. `--train-at 3` then warms a
+job of 3 processes as `warmup warm` does (with 2) and trains it with 3 over that cache
+(`tests/e2e/train_job.py`, other weights and data), printing each rank's fresh compiles.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+TRAIN_JOB = ROOT / "tests" / "e2e" / "train_job.py"
 
 
 def spec_for(model: Path, world_size: int) -> dict[str, Any]:  # one signature: train 2x32
@@ -150,6 +154,57 @@ def run_config(work: Path, model: Path, ranks: int, threads: int) -> list[dict[s
     return results
 
 
+def warm_then_train(work: Path, model: Path, world_size: int) -> list[dict[str, Any]]:
+    """`warm_directory` for a job of `world_size` processes (it rehearses 2), then the job's own
+    training under `torchrun --nproc-per-node=world_size` over that cache: each rank's fresh compiles."""
+    import yaml
+
+    from tests.support.tiny_model import save_weights
+    from warmup.artifacts import list_paths
+    from warmup.rehearsal.local import warm_directory
+    from warmup.spec import Spec
+
+    root = work / f"train-at-{world_size}"
+    root.mkdir(parents=True)
+    spec = spec_for(model, world_size)
+    spec_path = root / "job.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    start = time.perf_counter()
+    report = warm_directory(Spec.model_validate(spec), root / "cache")
+    warm_seconds = time.perf_counter() - start
+    if not report.ok:
+        raise SystemExit(f"warm-up failed: {[(r.note, r.log_tail[-2000:]) for r in report.results]}")
+    before = list_paths(root / "cache")
+    weights = save_weights(model, root / "weights", seed=5)
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}"]
+    command += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", str(TRAIN_JOB)]
+    command += ["--spec", str(spec_path), "--weights", str(weights), "--cache-dir", str(root / "cache")]
+    command += ["--out", str(root / "job.json"), "--steps", "2", "--min-tokens", "10", "--split", "31"]
+    command += ["--max-tokens", "32"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"training failed:\n{done.stderr[-6000:]}")
+    appeared = sorted(p for p in list_paths(root / "cache") - before if not p.startswith("locks/"))
+    rows = []
+    for rank in range(world_size):
+        out = root / ("job.json" if rank == 0 else f"job.rank{rank}.json")
+        result = json.loads(out.read_text())
+        fresh = result["fresh_compiles"]
+        rows.append(
+            {
+                "rank": rank,
+                "warmed_with": report.processes,
+                "warm_seconds": round(warm_seconds, 1),
+                "fx_hits": result["counters"].get("inductor", {}).get("fxgraph_cache_hit", 0),
+                "aot_hits": result["counters"].get("aot_autograd", {}).get("autograd_cache_hit", 0),
+                **{name: (len(value) if name == "new_files" else value) for name, value in fresh.items()},
+                "new_files_but_locks": len(appeared),
+            }
+        )
+    return rows
+
+
 def same(ours: dict[str, str], theirs: dict[str, str], *, bytes_too: bool) -> str:
     if set(ours) != set(theirs):
         return f"no ({len(set(ours) ^ set(theirs))} differ)"
@@ -170,6 +225,11 @@ def main() -> int:
         type=int,
         default=64,
         help="model width: 64 fits in DDP's first gradient bucket (1 MB), 256 does not",
+    )
+    parser.add_argument(
+        "--train-at",
+        type=int,
+        help="then warm a job of this many processes (with 2) and train it at that many, over the cache",
     )
     parser.add_argument("--rank-job", type=Path, help=argparse.SUPPRESS)
     ns = parser.parse_args()
@@ -207,6 +267,13 @@ def main() -> int:
         ]
         print("| " + " | ".join(str(cell) for cell in row) + " |")
     print(f"\nreference: {ns.reference} rank 0; listings in {work / 'results.json'}")
+    if ns.train_at:
+        rows = warm_then_train(work, model, ns.train_at)
+        print(f"\nwarmed with {rows[0]['warmed_with']} processes, trained with {ns.train_at}:")
+        print("| " + " | ".join(rows[0]) + " |")
+        print("|" + "---|" * len(rows[0]))
+        for row in rows:
+            print("| " + " | ".join(str(value) for value in row.values()) + " |")
     return 0
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from warmup.errors import SpecError, WarmupError
+from warmup.formatting import format_duration
 
 VERDICT_PASS, VERDICT_FAIL, VERDICT_NOTHING = "pass", "FAIL", "nothing to compile"
 TRAIN_STEPS = 2
@@ -452,8 +453,7 @@ def format_report(report: SelftestReport) -> str:
         for row in (headers, *rows)
     ]
     failed = [result.phase for result in report.phases if result.verdict == VERDICT_FAIL]
-    minutes, seconds = divmod(round(report.seconds), 60)
-    took = f"{minutes} min {seconds:02d} s"
+    took = format_duration(report.seconds)
     lines.append("(warm and train: the job's, shared by the phases it proves)")
     if failed:
         lines.append(f"\nselftest FAILED ({', '.join(failed)}) in {took}; logs in {report.work_dir}")

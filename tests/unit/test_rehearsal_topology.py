@@ -77,6 +77,7 @@ def test_the_plan_says_how_a_multi_process_job_is_warmed(tiny_model_dir):
     assert {s.world_size for s in plan.signatures} == {3}
     assert any("warm-up runs 2 processes" in note for note in plan.notes)
     assert any("OMP_NUM_THREADS" in note for note in plan.notes)
+    assert any("autograd_cache_bypass" in warning for warning in plan.warnings)  # DDP's split graphs
 
 
 def test_a_multi_gpu_job_is_told_to_use_virtual_local_ranks(tiny_model_dir):

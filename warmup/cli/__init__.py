@@ -3,7 +3,8 @@
 - `local`: plan and warm on this machine;
 - `submit`: submit a job to the service (CI pre-warming), print this machine's toolchain;
 - `pod`: pull, exec and coverage, for training pods (base install only);
-- `service`: serve, worker, token and gc, for the service's own machines.
+- `service`: serve, worker, token and gc, for the service's own machines;
+- `selftest`: the zero-compile proof on this machine (tiny jobs warmed, then trained fresh).
 
 Each command imports what it needs when it runs, so `warmup pull` on a training pod starts fast and
 needs only the base install. Errors a user can cause print as one line and exit non-zero (2: invalid
@@ -16,7 +17,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from warmup.cli import local, pod, service, submit
+from warmup.cli import local, pod, selftest, service, submit
 from warmup.errors import WarmupError
 
 
@@ -33,6 +34,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     service.register(sub, with_options=command is None or command in service.COMMANDS)
     submit.register(sub)
     pod.register(sub)
+    selftest.register(sub)
     return parser
 
 

@@ -54,6 +54,10 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         print("\nwarnings:")
         for warning in plan.warnings:
             print(f"  - {warning}")
+    if plan.notes:
+        print("\nnotes:")
+        for note in plan.notes:
+            print(f"  - {note}")
     return 0
 
 
@@ -134,6 +138,12 @@ def cmd_warm(ns: argparse.Namespace) -> int:
     print(format_table(("signature", "status", "compile s", "files", "size", "note"), rows, right={2, 3, 4}))
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    if spec.target.world_size > 1 and report.processes != spec.target.world_size:
+        print(
+            f"note: the job's {spec.target.world_size} processes were rehearsed with {report.processes} "
+            "(each rank compiles the same graphs at any world size above 1; `warmup plan` says why)",
+            file=sys.stderr,
+        )
     failed = [r for r in report.results if r.status != "ok"]
     if failed:
         for result in failed:

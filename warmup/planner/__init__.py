@@ -116,6 +116,13 @@ def _world_size_notes(plan: PlanBuilder) -> None:
         f"collective is inside a compiled graph), so the warm-up runs {processes} processes{why}; the "
         f"shapes listed are those of each rank of a job of {world} processes"
     )
+    if target.backend == "inductor" and plan.args.compile_backend is not None:
+        plan.warn(
+            "under DDP, Dynamo splits a model larger than DDP's first gradient bucket (1 MB) into one graph per "
+            "bucket, and torch 2.13's AOTAutograd cache skips those graphs (\"fakify_first_call\"): Inductor's "
+            "compiled code still hits, but each training process re-runs AOTAutograd on them (seconds), which "
+            "its compile counters and coverage report count as autograd_cache_bypass"
+        )
     if target.device == "cpu":
         plan.note(
             "each rank's CPU thread count is in the compile key, and the toolchain carries it: "
