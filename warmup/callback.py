@@ -409,7 +409,8 @@ def _shape_of(
         return None
     batch, seq_len = int(dims[0]), int(dims[1])
     if phase is None:
-        if kwargs.get("past_key_values") is not None:
+        # transformers 5.24 passes the KV cache as `cache` (older versions: `past_key_values`)
+        if kwargs.get("cache", kwargs.get("past_key_values")) is not None:
             phase = "generate_prefill" if seq_len > 1 else "generate_decode"
         elif not _innermost(module).training:
             phase = "eval"

@@ -15,8 +15,8 @@ Phases, and the job that proves them:
 Verdicts: `pass` (every planned signature of the phase was met, and the job compiled nothing),
 `FAIL` (the job compiled something, a signature was never met, or the warm-up failed), and
 `nothing to compile` (the plan labels every signature of the phase eager on this backend, as
-generation is under Inductor because TRL generates with `disable_compile=True`, and the job
-compiled nothing). Library entry point: `run_selftest(backend, device)`.
+generation is under Inductor because TRL generates with `disable_compile=True`; they were met,
+and the job compiled nothing). Library entry point: `run_selftest(backend, device)`.
 
 TorchNeuron: the `neuron` backend follows the same steps with `torch_compile_backend: neuron`; it is
 written against TorchNeuron's documented behaviour and has not been run on Trainium by this project.
@@ -276,14 +276,14 @@ def judge(judged: list[Any], met: list[str], fresh: dict[str, int], backend: str
         return VERDICT_FAIL, f"the training process compiled: {kinds}"
     if not judged:
         return VERDICT_FAIL, "the plan lists no signature of this phase: nothing was proven"
+    unmet = [s.shape_label for s in judged if s.shape_label not in met]
+    if unmet:
+        return VERDICT_FAIL, f"planned but never met in training: {', '.join(unmet)} (no proof for them)"
     if all(signature.compile == "eager" for signature in judged):
         return (
             VERDICT_NOTHING,
-            f"{backend} runs this phase eager (the plan says so); the job compiled nothing",
+            f"{backend} runs this phase eager (the plan says so); met, and the job compiled nothing",
         )
-    unmet = [s.shape_label for s in judged if s.compile != "eager" and s.shape_label not in met]
-    if unmet:
-        return VERDICT_FAIL, f"warmed but never met in training: {', '.join(unmet)} (no proof for them)"
     return VERDICT_PASS, f"{len(met)} signature(s) met, nothing compiled"
 
 

@@ -35,7 +35,7 @@ def test_selftest_passes_with_zero_fresh_compiles_on_inductor_cpu(tmp_path):
     assert rows["train"]["signatures"] == "train 4x32" and rows["ref"]["signatures"] == "ref 4x32"
     # generation runs eager under Inductor: said so, never called a pass, and nothing compiled
     assert rows["generation"]["verdict"] == "nothing to compile"
-    assert rows["generation"]["fresh compiles"] == "0"
+    assert rows["generation"]["fresh compiles"] == "0" and rows["generation"]["met"] == "2/2"
     assert "generate_prefill 2x16 cache 24" in rows["generation"]["signatures"]
     assert re.search(r"selftest passed in .*: inductor/cpu ", done.stdout)
     assert "ref: pass" in done.stderr and "generation: nothing to compile" in done.stderr

@@ -45,9 +45,11 @@ def test_generation_under_inductor_has_nothing_to_compile_and_is_not_called_a_pa
     signatures = planned(tiny_model_dir, "generation")
     assert {s.phase for s in signatures} == {"generate_prefill", "generate_decode"}
     assert all(s.compile == "eager" for s in signatures)
-    assert judge(signatures, [], NONE, "inductor")[0] == VERDICT_NOTHING
-    # ... unless it compiled after all
-    assert judge(signatures, [], {**NONE, "new_files": 1}, "inductor")[0] == VERDICT_FAIL
+    labels = [s.shape_label for s in signatures]
+    assert judge(signatures, labels, NONE, "inductor")[0] == VERDICT_NOTHING
+    # ... unless it compiled after all, or generation was never seen
+    assert judge(signatures, labels, {**NONE, "new_files": 1}, "inductor")[0] == VERDICT_FAIL
+    assert judge(signatures, labels[:1], NONE, "inductor")[0] == VERDICT_FAIL
 
 
 def test_on_neuron_every_phase_compiles(tiny_model_dir):
