@@ -140,8 +140,8 @@ class Settings(BaseSettings):
     )
     world_sizes: Annotated[WorldSizes, Option(("worker",))] = Field(
         (1,),
-        description="comma-separated numbers of training processes this host rehearses "
-        "(under torchrun beyond 1)",
+        description="comma-separated numbers of training processes this host rehearses: 1, and any "
+        "number above 1 for jobs of any size above 1 (they are rehearsed with 2 processes under torchrun)",
     )
 
     @model_validator(mode="after")

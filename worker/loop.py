@@ -101,7 +101,8 @@ class TaskOutcome:
 
 class Worker:
     """Claims and runs tasks of this host's toolchains: one per world size it rehearses (a torchrun
-    rank sees fewer CPU threads, which are part of Inductor's key)."""
+    rank sees fewer CPU threads, which are part of Inductor's key). Every size above 1 gives the same
+    toolchain and pool entry: a job of any number of processes is rehearsed with 2 (planner/topology.py)."""
 
     def __init__(
         self,
