@@ -186,7 +186,7 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         config.steps_per_generation, config.generation_batch_size = generation
         config.per_device_eval_batch_size = eval_batch
     # Types are checked on what TRL made of the values (`loss_type: sigmoid` is a one-item list by now).
-    problems = _mistyped({name: getattr(config, name) for name in given if name not in MACHINE_CHECKED}, fields, given)
+    problems = _mistyped({name: getattr(config, name) for name in given if name not in MACHINE_CHECKED}, cls, given)
     if problems:
         raise SpecError(problems)
 
@@ -284,17 +284,14 @@ def _generation_batch(
     return steps, global_batch * steps
 
 
-def _mistyped(resolved: dict[str, Any], fields: dict[str, dataclasses.Field], given: dict[str, Any]) -> list:
+def _mistyped(resolved: dict[str, Any], cls: type, given: dict[str, Any]) -> list:
     problems = []
-    hints = typing.get_type_hints
+    # The class's own annotations: HfArgumentParser rewrites the `type` of the dataclass's Field objects in place
+    # (`int | str | None` becomes `str`), so dataclasses.fields() no longer tells the truth once a parser was built.
+    annotations = _annotations(cls)
     for name, value in resolved.items():
-        annotation = fields[name].type
-        if isinstance(annotation, str):
-            try:
-                annotation = hints(fields[name].type)  # pragma: no cover - TRL uses real annotations
-            except Exception:
-                continue
-        adapter = _adapter(annotation)
+        annotation = annotations.get(name)
+        adapter = _adapter(annotation) if annotation is not None else None
         if adapter is None or value is None:
             continue
         try:
@@ -307,6 +304,14 @@ def _mistyped(resolved: dict[str, Any], fields: dict[str, dataclasses.Field], gi
                 )
             )
     return problems
+
+
+@functools.cache
+def _annotations(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # pragma: no cover - TRL's annotations resolve
+        return {}
 
 
 def _impossible_values(given: dict[str, Any]) -> list[FieldProblem]:

@@ -178,34 +178,32 @@ def _read(spec: Spec, config_class: type) -> TrlArgs:
             )
         else:
             script[name] = value
-    launch = _read_launcher(spec, leftover, trainer_fields, problems)
+    launch = _read_launcher(spec, leftover, problems)
     if env:
         warnings += _env_warnings(env)
     return TrlArgs(trainer=trainer, script=script, launch=launch, env=env, warnings=warnings, problems=problems)
 
 
-def _read_launcher(
-    spec: Spec, leftover: dict[str, Any], trainer_fields: set[str], problems: list[FieldProblem]
-) -> Launch:
+def _read_launcher(spec: Spec, leftover: dict[str, Any], problems: list[FieldProblem]) -> Launch:
     """The keys the script's parser does not know go to `accelerate launch`, which must know them."""
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
 
     parser = _launch_parser()
     parser.error = _raise  # type: ignore[method-assign]  # an answer, not an exit
-    accepted: list[str] = []
+    defaults = vars(parser.parse_known_args(["SCRIPT"])[0])
+    flags: dict[str, Any] = {}  # only what the config sets: accelerate's defaults must not pass for choices
     for name, value in leftover.items():
         if name == "accelerate_config":
             continue
-        pair = [f"--{name}", str(value)]
         try:
-            ns, extras = parser.parse_known_args([*pair, "SCRIPT"])
+            ns, extras = parser.parse_known_args([f"--{name}", str(value), "SCRIPT"])
         except _Refused as error:
             problems.append(FieldProblem(f"args.{name}", f"`accelerate launch` refuses it: {error}"))
             continue
         if extras or ns.training_script != "SCRIPT":
-            problems.append(FieldProblem(f"args.{name}", refusal(name, value, spec.trainer, trainer_fields)))
+            problems.append(FieldProblem(f"args.{name}", refusal(name, spec.trainer)))
             continue
-        accepted += pair
+        flags.update({k: v for k, v in vars(ns).items() if v != defaults.get(k)})
     config_file = None
     if "accelerate_config" in leftover:
         try:
@@ -215,8 +213,7 @@ def _read_launcher(
             problems.append(FieldProblem("args.accelerate_config", f"TRL refuses it: {error}"))
     if problems:
         return Launch()
-    ns, _ = parser.parse_known_args([*accepted, "SCRIPT"])
-    return _launch_facts(vars(ns), config_file)
+    return _launch_facts(flags, config_file)
 
 
 def _launch_facts(flags: dict[str, Any], config_file: str | None) -> Launch:
@@ -296,7 +293,7 @@ SCOPES_OF = {
 }
 
 
-def refusal(name: str, value: Any, trainer: str, trainer_fields: set[str]) -> str:
+def refusal(name: str, trainer: str) -> str:
     """`trl <trainer>` refuses an unknown key: say so in TRL's terms, then the fix."""
     told = f"`trl {trainer}` refuses it (accelerate launch: unrecognized arguments: --{name})"
     return f"{told}; {fix_for(name, trainer)}"
