@@ -369,6 +369,12 @@ def build_config(job: RunJob) -> Any:
             "shards the model and so compiles other graphs than the DDP run a rehearsal makes: it cannot be warmed faithfully"
         )
     kwargs = {**parsed.trainer, **{name: value for name, value in overrides.items() if name in known}}
+    if launch.dynamo_backend and not kwargs.get("torch_compile"):
+        # The launcher's dynamo config compiles every prepared module (accelerate reads ACCELERATE_DYNAMO_* when the
+        # Trainer's plugin names no backend); torchrun has no launcher, so ask the Trainer for the same plugin.
+        kwargs["torch_compile"] = True
+        if launch.dynamo_mode:
+            kwargs["torch_compile_mode"] = launch.dynamo_mode
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:
