@@ -50,17 +50,28 @@ def release_key(tag: str) -> tuple[int, ...]:
 
 
 def trl_releases(repo: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    tags = subprocess.run(["git", "-C", str(repo), "tag"], capture_output=True, text=True, check=True).stdout.split()
-    tags = sorted((t for t in tags if re.fullmatch(r"v\d+\.\d+(\.\d+)?", t) and release_key(t) >= (0, 10)), key=release_key)
+    tags = subprocess.run(
+        ["git", "-C", str(repo), "tag"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    tags = sorted(
+        (t for t in tags if re.fullmatch(r"v\d+\.\d+(\.\d+)?", t) and release_key(t) >= (0, 10)),
+        key=release_key,
+    )
     for tag in tags:
         names = subprocess.run(
-            ["git", "-C", str(repo), "ls-tree", "-r", "--name-only", tag], capture_output=True, text=True, check=True
+            ["git", "-C", str(repo), "ls-tree", "-r", "--name-only", tag],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.split()
         files = {}
         for name in names:
             if TRL_FILES.match(name):
                 files[name] = subprocess.run(
-                    ["git", "-C", str(repo), "show", f"{tag}:{name}"], capture_output=True, text=True, check=True
+                    ["git", "-C", str(repo), "show", f"{tag}:{name}"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
                 ).stdout
         yield f"trl {tag}", files
 
@@ -166,13 +177,16 @@ def build(releases: list[tuple[str, dict[str, str]]]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trl-repo", type=Path, required=True, help="a git clone of huggingface/trl with its tags")
-    parser.add_argument("--transformers-wheel", type=Path, nargs="*", default=[], help="older transformers wheels")
+    parser.add_argument(
+        "--trl-repo", type=Path, required=True, help="a git clone of huggingface/trl with its tags"
+    )
+    parser.add_argument(
+        "--transformers-wheel", type=Path, nargs="*", default=[], help="older transformers wheels"
+    )
     ns = parser.parse_args(argv)
-    trl_sources = list(trl_releases(ns.trl_repo)) + [installed_trl()]
-    transformers_sources = sorted(
-        (transformers_wheel(w) for w in ns.transformers_wheel), key=lambda r: release_key(r[0])
-    ) + [installed_transformers()]
+    trl_sources = [*trl_releases(ns.trl_repo), installed_trl()]
+    wheels = sorted((transformers_wheel(w) for w in ns.transformers_wheel), key=lambda r: release_key(r[0]))
+    transformers_sources = [*wheels, installed_transformers()]
     entries = build(transformers_sources) + build(trl_sources)
     json.dump(
         {

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import array
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -136,7 +135,7 @@ def dataset_facts(
     splits and `dataset:` are read too); `trainer` names the trainer of a TRL config that does not say.
     `sample` reads at most that many examples per split and marks the facts as an estimate.
     """
-    from warmup.spec import dataset_selection, load_spec
+    from warmup.spec import load_job
     from warmup.trl_args import resolve_trainer_args
 
     started = time.monotonic()
@@ -146,8 +145,10 @@ def dataset_facts(
     if isinstance(job, Spec):
         spec = job
     else:
-        spec = load_spec(job, trainer=trainer, dataset_facts=False)
-        selection = dataset_selection(job)
+        loaded = load_job(job, trainer=trainer, with_dataset_facts=False)
+        spec, selection = loaded.spec, dict(loaded.selection)
+        dataset = dataset if dataset is not None else loaded.dataset
+        sample = sample if sample is not None else loaded.sample
     if dataset is not None:
         selection = {**selection, "dataset": str(dataset)}
     args = resolve_trainer_args(spec)
@@ -417,7 +418,9 @@ class _Tokenize:
         """`processing_class(text=...)` (TRL's `_tokenize` for plain text): special tokens added."""
         return self._encode(texts, add_special_tokens=True)
 
-    def chat(self, conversations: list[list[dict]], *, generation_prompt: bool, kwargs: list[dict]) -> list[list[int]]:
+    def chat(
+        self, conversations: list[list[dict]], *, generation_prompt: bool, kwargs: list[dict]
+    ) -> list[list[int]]:
         """`apply_chat_template(conversation, tokenize=True, ...)`: rendered, then encoded without special tokens.
 
         `kwargs` holds each example's own arguments (`tools`, `chat_template_kwargs`); examples that share
@@ -444,7 +447,10 @@ class _Tokenize:
         if not texts:
             return []
         if self.backend is not None:
-            ids = [encoding.ids for encoding in self.backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)]
+            ids = [
+                encoding.ids
+                for encoding in self.backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+            ]
             if not self.checked:
                 # The Rust backend directly is the tokenizer's own fast path; hold it to __call__ once, on a few
                 # texts, and take the slow path for good if a tokenizer adds something in Python.
@@ -547,7 +553,11 @@ class _Rows:
         conversational = [is_conversational(e) for e in batch]
         if any(has_prompt):
             prompt_ids = self._split_ids(
-                batch, [i for i, p in enumerate(has_prompt) if p], conversational, lambda e: e["prompt"], prompt=True
+                batch,
+                [i for i, p in enumerate(has_prompt) if p],
+                conversational,
+                lambda e: e["prompt"],
+                prompt=True,
             )
             full_ids = self._split_ids(
                 batch,
@@ -636,7 +646,9 @@ class _Rows:
     _packing = False  # set per split by _read_split
 
     # DPOTrainer / KTOTrainer._prepare_dataset
-    def _preference(self, batch: list[dict[str, Any]], is_conversational: Callable[[dict], bool]) -> _BatchRows:
+    def _preference(
+        self, batch: list[dict[str, Any]], is_conversational: Callable[[dict], bool]
+    ) -> _BatchRows:
         from trl.data_utils import common_prefix_length, extract_prompt
 
         recipe = self.recipe
@@ -653,13 +665,16 @@ class _Rows:
         if not is_conversational(first):
             eos = self.tok.tokenizer.eos_token or ""
             batch = [
-                {**e, **{key: e[key] if e[key].endswith(eos) else e[key] + eos for key in completions}} for e in batch
+                {**e, **{key: e[key] if e[key].endswith(eos) else e[key] + eos for key in completions}}
+                for e in batch
             ]
         conversational = [is_conversational(e) for e in batch]
         everyone = list(range(len(batch)))
         prompt_ids = self._split_ids(batch, everyone, conversational, lambda e: e["prompt"], prompt=True)
         full = {
-            key: self._split_ids(batch, everyone, conversational, lambda e, k=key: e["prompt"] + e[k], prompt=False)
+            key: self._split_ids(
+                batch, everyone, conversational, lambda e, k=key: e["prompt"] + e[k], prompt=False
+            )
             for key in completions
         }
         lengths: list[int] = []
@@ -687,11 +702,21 @@ class _Rows:
             if not is_conversational(first):
                 eos = self.tok.tokenizer.eos_token or ""
                 batch = [
-                    {**e, **{k: e[k] if e[k].endswith(eos) else e[k] + eos for k in ("chosen", "rejected") if k in e}}
+                    {
+                        **e,
+                        **{
+                            k: e[k] if e[k].endswith(eos) else e[k] + eos
+                            for k in ("chosen", "rejected")
+                            if k in e
+                        },
+                    }
                     for e in batch
                 ]
             if "prompt" in first:
-                batch = [{**e, "chosen": e["prompt"] + e["chosen"], "rejected": e["prompt"] + e["rejected"]} for e in batch]
+                batch = [
+                    {**e, "chosen": e["prompt"] + e["chosen"], "rejected": e["prompt"] + e["rejected"]}
+                    for e in batch
+                ]
             conversational = [is_conversational(e) for e in batch]
             everyone = list(range(len(batch)))
             chosen = self._split_ids(batch, everyone, conversational, lambda e: e["chosen"], prompt=False)
@@ -717,7 +742,9 @@ class _Rows:
         prompts = [e["prompt"] for e in batch]
         if is_conversational({"prompt": prompts[0]}):
             ids = self.tok.chat(
-                prompts, generation_prompt=True, kwargs=[dict(self.recipe.chat_template_kwargs)] * len(prompts)
+                prompts,
+                generation_prompt=True,
+                kwargs=[dict(self.recipe.chat_template_kwargs)] * len(prompts),
             )
         else:
             ids = self.tok.text(prompts)
@@ -827,7 +854,9 @@ def _read_split(
     )
     if packing:
         if recipe.max_length is None:
-            raise SpecError("packing needs max_length (TRL refuses packing with max_length: null)", loc="args.max_length")
+            raise SpecError(
+                "packing needs max_length (TRL refuses packing with max_length: null)", loc="args.max_length"
+            )
         facts.packed_lengths = packed_lengths(recipe, lengths)
     return facts
 
@@ -848,7 +877,9 @@ def _parallel(
     # each); this process has not used the tokenizer's thread pool yet, so there is nothing to break in them.
     context = multiprocessing.get_context("fork")
     pending: list[Any] = []
-    with ProcessPoolExecutor(count, mp_context=context, initializer=_worker_init, initargs=(recipe, packing)) as pool:
+    with ProcessPoolExecutor(
+        count, mp_context=context, initializer=_worker_init, initargs=(recipe, packing)
+    ) as pool:
         for batch in [*head, *batches]:
             pending.append(pool.submit(_worker_run, batch, first))
             if len(pending) >= 4 * count:
@@ -983,5 +1014,3 @@ def progress_bar(stream: Any = None) -> Progress:
 
 
 __all__ = ["DatasetFacts", "SplitFacts", "dataset_facts", "length_histogram", "open_splits", "packed_lengths"]
-
-_ = math  # kept for callers computing rates

@@ -50,7 +50,11 @@ SUPPORTED_NEURON_CORE_GROUPS = ("0", "1", "2", "3", "0,1", "2,3", "0-1", "2-3", 
 JOB_KEYS = ("dataset", "sample", "pool")
 SIDE_FILE_KEYS = frozenset({"trainer", "target", "data", "teacher_model", *JOB_KEYS})
 # TRL scripts turn these ModelConfig fields into `model_init_kwargs` (trl/scripts/<trainer>.py `main`).
-TRL_MODEL_INIT_KEYS = {"model_revision": "revision", "dtype": "dtype", "attn_implementation": "attn_implementation"}
+TRL_MODEL_INIT_KEYS = {
+    "model_revision": "revision",
+    "dtype": "dtype",
+    "attn_implementation": "attn_implementation",
+}
 
 
 # Bounds on what a spec may ask for, each far above any real job: a spec is read by a shared service,
@@ -342,7 +346,9 @@ class ScriptFields:
 
     model: frozenset[str]  # ModelConfig
     dataset: frozenset[str]  # the dataset selection: DatasetMixtureConfig, ScriptArguments' dataset_*
-    script: frozenset[str]  # the script's other arguments (GRPO: reward_funcs, reward_model_name_or_path, ...)
+    script: frozenset[
+        str
+    ]  # the script's other arguments (GRPO: reward_funcs, reward_model_name_or_path, ...)
 
 
 @functools.cache
@@ -362,7 +368,9 @@ def trl_script_fields(trainer: str) -> ScriptFields:
     script_classes = [
         value
         for value in vars(module).values()
-        if isinstance(value, type) and issubclass(value, ScriptArguments) and value.__module__ == module.__name__
+        if isinstance(value, type)
+        and issubclass(value, ScriptArguments)
+        and value.__module__ == module.__name__
     ]
     script = _field_names(script_classes[0] if script_classes else ScriptArguments)
     dataset = _field_names(DatasetMixtureConfig) | {name for name in script if name.startswith("dataset_")}
@@ -408,7 +416,9 @@ def from_trl_cli_config(
             spec[key] = side[key]
     if "teacher_model_name_or_path" in flat and "teacher_model" not in spec:
         spec["teacher_model"] = flat["teacher_model_name_or_path"]
-    flat.pop("teacher_model_name_or_path", None)  # DistillationConfig's own name for it (it is read from `teacher_model`)
+    flat.pop(
+        "teacher_model_name_or_path", None
+    )  # DistillationConfig's own name for it (it is read from `teacher_model`)
     model = {key: flat.pop(key) for key in list(flat) if key in fields.model}
     init_kwargs = dict(flat.pop("model_init_kwargs", None) or {})
     for cli_key, init_key in TRL_MODEL_INIT_KEYS.items():
@@ -556,7 +566,9 @@ def load_job(
     if sample is not None:
         extras["sample"] = sample
     selection = dataset_selection(data)
-    spec = parse_spec({k: v for k, v in data.items() if k not in JOB_KEYS}, trainer=trainer, target=target, side=side_data)
+    spec = parse_spec(
+        {k: v for k, v in data.items() if k not in JOB_KEYS}, trainer=trainer, target=target, side=side_data
+    )
     if extras["dataset"] is not None and with_dataset_facts:
         from warmup.facts import dataset_facts
 

@@ -56,7 +56,6 @@ POSITIVE_INT_FIELDS = (
 )
 
 
-
 # TRL's package is a lazy module: its first attribute reads import submodules, and two threads doing that
 # at once on a cold process can see the half-initialised package ("module 'trl' has no attribute
 # 'SFTConfig'"): the API plans concurrent requests in threads. Classes are resolved once, under a lock.
@@ -80,7 +79,9 @@ def warm_up_trl() -> None:
     with _config_classes_lock, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for trainer in CONFIG_CLASS_NAMES:
-            _resolve_config_class(trainer)(output_dir="warmup-plan", use_cpu=True, bf16=False, report_to="none")
+            _resolve_config_class(trainer)(
+                output_dir="warmup-plan", use_cpu=True, bf16=False, report_to="none"
+            )
 
 
 def _resolve_config_class(trainer: str) -> type:
@@ -181,12 +182,16 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         message = str(error)
         loc = _field_named_in(message, given)
         hint = value_problem(loc.removeprefix("args."), given.get(loc.removeprefix("args.")))
-        raise SpecError([FieldProblem(loc, f"TRL refuses it: {message}" + (f"; {hint}" if hint else ""))]) from None
+        raise SpecError(
+            [FieldProblem(loc, f"TRL refuses it: {message}" + (f"; {hint}" if hint else ""))]
+        ) from None
     if generation is not None:
         config.steps_per_generation, config.generation_batch_size = generation
         config.per_device_eval_batch_size = eval_batch
     # Types are checked on what TRL made of the values (`loss_type: sigmoid` is a one-item list by now).
-    problems = _mistyped({name: getattr(config, name) for name in given if name not in MACHINE_CHECKED}, cls, given)
+    problems = _mistyped(
+        {name: getattr(config, name) for name in given if name not in MACHINE_CHECKED}, cls, given
+    )
     if problems:
         raise SpecError(problems)
 
@@ -200,10 +205,17 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         autocast = trl.launch.mixed_precision
     compile_backend = None
     compile_mode = given.get("torch_compile_mode")
-    if config.torch_compile or given.get("torch_compile_backend") or compile_mode or trl.launch.dynamo_backend:
+    if (
+        config.torch_compile
+        or given.get("torch_compile_backend")
+        or compile_mode
+        or trl.launch.dynamo_backend
+    ):
         compile_backend = "neuron" if spec.target.backend == "neuron" else "inductor"
         user_backend = given.get("torch_compile_backend") or trl.launch.dynamo_backend
-        where = "args.torch_compile_backend" if given.get("torch_compile_backend") else "args.accelerate_config"
+        where = (
+            "args.torch_compile_backend" if given.get("torch_compile_backend") else "args.accelerate_config"
+        )
         if user_backend and user_backend != compile_backend:
             raise SpecError(
                 f"compile backend {user_backend!r} does not match the target backend {spec.target.backend!r}",

@@ -150,7 +150,9 @@ def _read(spec: Spec, config_class: type) -> TrlArgs:
     warnings: list[str] = []
     env = given.pop("env", None)
     if env is not None and not isinstance(env, dict):
-        problems.append(FieldProblem("args.env", "`env` is a mapping of environment variables (TRL refuses it)"))
+        problems.append(
+            FieldProblem("args.env", "`env` is a mapping of environment variables (TRL refuses it)")
+        )
         env = None
     env = {str(k): str(v) for k, v in (env or {}).items()}
     parser, actions = _script_parser(spec.trainer)
@@ -174,14 +176,18 @@ def _read(spec: Spec, config_class: type) -> TrlArgs:
             trainer[name] = value
         elif owner.__name__ == "ModelConfig":
             problems.append(
-                FieldProblem(f"args.{name}", "a ModelConfig field: write it at the top level of the TRL config")
+                FieldProblem(
+                    f"args.{name}", "a ModelConfig field: write it at the top level of the TRL config"
+                )
             )
         else:
             script[name] = value
     launch = _read_launcher(spec, leftover, problems)
     if env:
         warnings += _env_warnings(env)
-    return TrlArgs(trainer=trainer, script=script, launch=launch, env=env, warnings=warnings, problems=problems)
+    return TrlArgs(
+        trainer=trainer, script=script, launch=launch, env=env, warnings=warnings, problems=problems
+    )
 
 
 def _read_launcher(spec: Spec, leftover: dict[str, Any], problems: list[FieldProblem]) -> Launch:
@@ -207,7 +213,9 @@ def _read_launcher(spec: Spec, leftover: dict[str, Any], problems: list[FieldPro
     config_file = None
     if "accelerate_config" in leftover:
         try:
-            resolved = resolve_accelerate_config_argument(["--accelerate_config", str(leftover["accelerate_config"])])
+            resolved = resolve_accelerate_config_argument(
+                ["--accelerate_config", str(leftover["accelerate_config"])]
+            )
             config_file = resolved[1]
         except ValueError as error:
             problems.append(FieldProblem("args.accelerate_config", f"TRL refuses it: {error}"))
@@ -317,11 +325,17 @@ def fix_for(name: str, trainer: str) -> str:
             )
             return f"use `{target}` instead ({kind}); {said}"
         gone = entry.get("last_seen", "an older release")
-        return f"removed after {gone}: drop it ({said})" if entry.get("message") else f"removed after {gone}: drop it"
+        return (
+            f"removed after {gone}: drop it ({said})"
+            if entry.get("message")
+            else f"removed after {gone}: drop it"
+        )
     if name in HAND_HINTS:
         return HAND_HINTS[name]
     if name in ("trainer", "target", "data", "dataset", "pool", "sample"):
-        return "a warm-up key: `trl` refuses it in the config; put it in the side file (--side FILE) or a flag"
+        return (
+            "a warm-up key: `trl` refuses it in the config; put it in the side file (--side FILE) or a flag"
+        )
     close = difflib.get_close_matches(name, list(current), n=1, cutoff=0.8)
     if close:
         return f"not a field of any dataclass `trl {trainer}` reads; did you mean `{close[0]}`?"
@@ -357,7 +371,7 @@ def _said(name: str, trainer: str) -> str:
     if entry is None or not entry.get("message"):
         return "no deprecation message"
     where = entry.get("first_deprecated") or entry.get("last_seen")
-    return f"{where.split()[0]} {where.split()[-1]} said: \"{entry['message']}\""
+    return f'{where.split()[0]} {where.split()[-1]} said: "{entry["message"]}"'
 
 
 def value_problem(name: str, value: Any) -> str | None:

@@ -55,7 +55,8 @@ def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts |
             or [
                 FieldProblem(
                     "args",
-                    f"the {spec.trainer} job lists no signature: " + "; ".join(builder.warnings or ["no shape reached"]),
+                    f"the {spec.trainer} job lists no signature: "
+                    + "; ".join(builder.warnings or ["no shape reached"]),
                 )
             ]
         )
