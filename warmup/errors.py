@@ -40,6 +40,10 @@ class SpecError(WarmupError):
         self.problems = problems
         super().__init__("invalid spec: " + "; ".join(str(p) for p in problems))
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt from its problems when it crosses a process boundary (a worker raised it), not from its message.
+        return (self.__class__, (self.problems,))
+
 
 class UnknownTrainerError(SpecError):
     """The spec names a trainer trl-warmup does not know."""

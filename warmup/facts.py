@@ -14,9 +14,10 @@ rules between them (EOS appended to plain text, the prompt / completion split, w
 drops) follow each trainer's `_prepare_dataset`. `tests/planner/test_dataset_facts.py` holds the
 lengths to the ones TRL's trainers produce on the same data.
 
-Speed and memory: the dataset is streamed in batches (a few MB in memory at a time); batches are
-tokenized in worker processes, one per core, with the tokenizer's Rust fast path. The lengths are
-kept as 4-byte integers (40 MB for 10 million rows).
+Speed and memory: the dataset is streamed in Arrow batches (a few MB in memory at a time); batches
+are tokenized in threads, one per core, with the tokenizer's Rust fast path (which releases the GIL),
+and chat templates are rendered directly where transformers' preparation of the messages would change
+nothing. The lengths are kept as 4-byte integers (40 MB for 10 million rows).
 
 This module imports TRL, transformers and datasets only when facts are computed: it stays out of the
 way of what a training pod imports.
@@ -42,7 +43,7 @@ BATCH_ROWS = 1000
 # Past this many distinct lengths the histogram rounds lengths down (never up: the planner reads the
 # shortest lengths as lower bounds, and rounding down only ever lists more shapes).
 MAX_HISTOGRAM_KEYS = 512
-# Below this many examples the work stays in this process: starting workers costs more than it saves.
+# Below this many examples one thread does the work: a second tokenizer costs more than it saves.
 PARALLEL_FROM = 20_000
 DATA_FILE_BUILDERS = {
     ".json": "json",
@@ -91,19 +92,26 @@ class DatasetFacts:
     eval: SplitFacts | None
     source: str
     sample: int | None  # examples read per split when --sample limited it (the facts are then estimates)
-    seconds: float
+    seconds: float  # the whole call: loading the tokenizer and TRL's config included
+    read_seconds: float  # reading and tokenizing the examples
     notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def examples(self) -> int:
         return self.train.examples + (self.eval.examples if self.eval else 0)
 
+    @property
+    def rate(self) -> float:
+        """Examples read and tokenized per second."""
+        return self.examples / max(self.read_seconds, 1e-9)
+
     def data_block(self) -> str:
         """The facts as a `data:` block to paste into a spec (YAML)."""
         import yaml
 
         header = [
-            f"# data facts of {self.source}: {self.examples} examples read, tokenized as TRL's trainer does",
+            f"# data facts of {self.source}: {self.examples} examples read, tokenized as TRL's trainer does "
+            f"({self.rate:,.0f} examples/s)",
         ]
         if self.sample is not None:
             header.append(
@@ -111,9 +119,7 @@ class DatasetFacts:
                 "them are not covered"
             )
         header += [f"# {note}" for note in self.notes]
-        body = yaml.safe_dump(
-            {"data": self.data.model_dump(exclude_none=True)}, sort_keys=False, default_flow_style=None
-        )
+        body = yaml.safe_dump({"data": self.data.model_dump(exclude_none=True)}, sort_keys=False)
         return "\n".join(header) + "\n" + body
 
 
@@ -124,6 +130,7 @@ def dataset_facts(
     job: Spec | str | Path | dict[str, Any],
     dataset: str | Path | None = None,
     *,
+    selection: dict[str, Any] | None = None,
     sample: int | None = None,
     trainer: str | None = None,
     workers: int | None = None,
@@ -132,7 +139,8 @@ def dataset_facts(
     """Read `dataset` (or the job's own dataset selection) and compute its facts for the job's trainer.
 
     `job` is a Spec, or a spec / TRL config file or mapping (then its `dataset_name`, `datasets`,
-    splits and `dataset:` are read too); `trainer` names the trainer of a TRL config that does not say.
+    splits and `dataset:` are read too; for a Spec, `selection` gives them); `trainer` names the
+    trainer of a TRL config that does not say.
     `sample` reads at most that many examples per split and marks the facts as an estimate.
     """
     from warmup.spec import load_job
@@ -141,12 +149,12 @@ def dataset_facts(
     started = time.monotonic()
     if sample is not None and sample < 1:
         raise SpecError(f"--sample must be at least 1, got {sample}", loc="sample")
-    selection: dict[str, Any] = {}
+    selection = dict(selection or {})
     if isinstance(job, Spec):
         spec = job
     else:
         loaded = load_job(job, trainer=trainer, with_dataset_facts=False)
-        spec, selection = loaded.spec, dict(loaded.selection)
+        spec, selection = loaded.spec, {**loaded.selection, **selection}
         dataset = dataset if dataset is not None else loaded.dataset
         sample = sample if sample is not None else loaded.sample
     if dataset is not None:
@@ -154,10 +162,12 @@ def dataset_facts(
     args = resolve_trainer_args(spec)
     splits = open_splits(selection, evaluates=_evaluates(args))
     recipe = _Recipe.for_job(spec, args)
+    reading = time.monotonic()
     train = _read_split(recipe, splits.train, splits.train_split, sample, workers, progress)
     evaluation = None
     if splits.eval is not None:
         evaluation = _read_split(recipe, splits.eval, splits.eval_split, sample, workers, progress)
+    read_seconds = time.monotonic() - reading
     notes = list(splits.notes)
     data = _summarize(recipe, train, evaluation, sample, notes)
     return DatasetFacts(
@@ -167,6 +177,7 @@ def dataset_facts(
         source=splits.source,
         sample=sample,
         seconds=time.monotonic() - started,
+        read_seconds=read_seconds,
         notes=notes,
     )
 
@@ -413,6 +424,7 @@ class _Tokenize:
             self.tokenizer.eos_token = recipe.eos_token
         self.backend = getattr(self.tokenizer, "_tokenizer", None) if self.tokenizer.is_fast else None
         self.checked = False
+        self.renderer = _Renderer(self.tokenizer, recipe.chat_template)
 
     def text(self, texts: list[str]) -> list[list[int]]:
         """`processing_class(text=...)` (TRL's `_tokenize` for plain text): special tokens added."""
@@ -431,13 +443,10 @@ class _Tokenize:
         for index, own in enumerate(kwargs):
             groups.setdefault(repr(sorted(own.items())) if own else "", []).append(index)
         for indices in groups.values():
-            own = kwargs[indices[0]]
-            texts = self.tokenizer.apply_chat_template(
+            texts = self.renderer.render(
                 [conversations[i] for i in indices],
-                tokenize=False,
-                add_generation_prompt=generation_prompt,
-                chat_template=self.recipe.chat_template,
-                **own,
+                generation_prompt=generation_prompt,
+                kwargs=kwargs[indices[0]],
             )
             for i, text in zip(indices, texts, strict=True):
                 rendered[i] = text
@@ -476,6 +485,71 @@ class _Tokenize:
             )
             masks.append(list(out["assistant_masks"]))
         return masks
+
+
+class _Renderer:
+    """`apply_chat_template(..., tokenize=False)`, with the template rendered directly where that is the same.
+
+    transformers prepares each conversation before rendering it (message objects to dicts, keys with None
+    values dropped, everything rebuilt from plain JSON types, reasoning fields aliased), which costs more than
+    the rendering. For messages that are already plain dicts of strings with no None and no reasoning field,
+    that preparation returns them unchanged, so the compiled template renders them directly with the arguments
+    transformers passes. The first conversation of every batch is rendered both ways; if they ever differ,
+    every later conversation takes transformers' own path.
+    """
+
+    def __init__(self, tokenizer: Any, chat_template: str | None) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.direct = True
+        try:
+            from transformers.utils.chat_template_utils import _REASONING_FIELDS, _compile_jinja_template
+
+            self.reasoning = frozenset(_REASONING_FIELDS)
+            self.compile = _compile_jinja_template
+        except ImportError:  # another transformers: its own path only
+            self.direct = False
+
+    def render(
+        self, conversations: list[list[dict]], *, generation_prompt: bool, kwargs: dict[str, Any]
+    ) -> list[str]:
+        def hf(batch: list[list[dict]]) -> list[str]:
+            return self.tokenizer.apply_chat_template(
+                batch,
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+                chat_template=self.chat_template,
+                **kwargs,
+            )
+
+        if not self.direct or kwargs or not conversations:
+            return hf(conversations)
+        template = self.compile(self.tokenizer.get_chat_template(self.chat_template, None))
+        context = {**self.tokenizer.special_tokens_map, "tools": None, "documents": None}
+        out: list[str] = []
+        plain = self._plain
+        for conversation in conversations:
+            if plain(conversation):
+                out.append(
+                    template.render(messages=conversation, add_generation_prompt=generation_prompt, **context)
+                )
+            else:
+                out.append(hf([conversation])[0])
+        if out[0] != hf(conversations[:1])[0]:
+            self.direct = False
+            return hf(conversations)
+        return out
+
+    def _plain(self, conversation: Any) -> bool:
+        if type(conversation) is not list or not conversation:
+            return False
+        for message in conversation:
+            if type(message) is not dict:
+                return False
+            for key, value in message.items():
+                if type(value) is not str or type(key) is not str or key in self.reasoning:
+                    return False
+        return True
 
 
 def _example_kwargs(example: dict[str, Any]) -> dict[str, Any]:
@@ -755,21 +829,17 @@ class _Rows:
 # --- reading a split --------------------------------------------------------------------------------------
 
 
-def _batches(split: Any, sample: int | None) -> Iterator[list[dict[str, Any]]]:
-    """Batches of examples (lists of dicts), at most `sample` examples in all."""
+def _batches(split: Any, sample: int | None) -> Iterator[Any]:
+    """Batches of examples as Arrow tables (cheap to hand to a worker), at most `sample` examples in all."""
     left = sample
-    for columns in split.iter(batch_size=BATCH_ROWS):
-        names = list(columns)
-        count = len(columns[names[0]]) if names else 0
+    for table in split.with_format("arrow").iter(batch_size=BATCH_ROWS):
         if left is not None:
-            count = min(count, left)
-        rows = [{name: columns[name][i] for name in names} for i in range(count)]
-        if rows:
-            yield rows
-        if left is not None:
-            left -= count
-            if left <= 0:
-                return
+            table = table.slice(0, left)
+            left -= table.num_rows
+        if table.num_rows:
+            yield table
+        if left is not None and left <= 0:
+            return
 
 
 def _split_size(split: Any) -> int | None:
@@ -781,22 +851,6 @@ def _split_size(split: Any) -> int | None:
         name = str(getattr(split, "split", "") or "train")
         found = splits.get(name) if hasattr(splits, "get") else None
         return getattr(found, "num_examples", None) or None
-
-
-_worker_rows: _Rows | None = None
-
-
-def _worker_init(recipe: _Recipe, packing: bool) -> None:
-    global _worker_rows
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    _worker_rows = _Rows(recipe)
-    _worker_rows._packing = packing
-
-
-def _worker_run(batch: list[dict[str, Any]], first: dict[str, Any]) -> _BatchRows:
-    assert _worker_rows is not None
-    _worker_rows.first = first
-    return _worker_rows(batch)
 
 
 def _read_split(
@@ -821,7 +875,7 @@ def _read_split(
     first_batch = next(batches, None)
     if first_batch is None:
         raise DatasetError(f"split {name!r} of the dataset is empty", loc="dataset")
-    first = first_batch[0]
+    first = first_batch.slice(0, 1).to_pylist()[0]
     count = workers if workers is not None else (os.cpu_count() or 1)
     parallel = count > 1 and (total is None or total >= PARALLEL_FROM)
 
@@ -830,11 +884,11 @@ def _read_split(
             rows = _Rows(recipe)
             rows._packing = packing
             rows.first = first
-            yield rows(first_batch)
+            yield rows(first_batch.to_pylist())
             for batch in batches:
-                yield rows(batch)
+                yield rows(batch.to_pylist())
             return
-        yield from _parallel(recipe, packing, first, [first_batch], batches, count)
+        yield from _threaded(recipe, packing, first, [first_batch], batches, count)
 
     for done in results():
         lengths.extend(done.lengths)
@@ -845,6 +899,8 @@ def _read_split(
         examples += done.examples
         if progress is not None:
             progress(examples, total)
+    if progress is not None:
+        progress(examples, examples)  # done: the line ends
     facts = SplitFacts(
         split=name,
         examples=examples,
@@ -861,27 +917,32 @@ def _read_split(
     return facts
 
 
-def _parallel(
-    recipe: _Recipe,
-    packing: bool,
-    first: dict[str, Any],
-    head: list[list[dict[str, Any]]],
-    batches: Iterator[list[dict[str, Any]]],
-    count: int,
+def _threaded(
+    recipe: _Recipe, packing: bool, first: dict[str, Any], head: list[Any], batches: Iterator[Any], count: int
 ) -> Iterator[_BatchRows]:
-    """Batches tokenized in `count` worker processes, results in order, a bounded number in flight."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """Batches tokenized in `count` threads, results in order, a bounded number in flight.
 
-    # fork: the workers inherit the imported libraries (spawning them would import transformers again, seconds
-    # each); this process has not used the tokenizer's thread pool yet, so there is nothing to break in them.
-    context = multiprocessing.get_context("fork")
+    Threads, not processes: the tokenizer's Rust encoder releases the GIL (and spreads a batch over the cores), so
+    one thread renders chat templates while another encodes; worker processes measured slower here, the batches'
+    trip through pipes costing more system time than the rendering they took off this process.
+    """
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    local = threading.local()
+
+    def run(batch: Any) -> _BatchRows:
+        rows = getattr(local, "rows", None)
+        if rows is None:
+            rows = local.rows = _Rows(recipe)
+            rows._packing = packing
+            rows.first = first
+        return rows(batch.to_pylist())
+
     pending: list[Any] = []
-    with ProcessPoolExecutor(
-        count, mp_context=context, initializer=_worker_init, initargs=(recipe, packing)
-    ) as pool:
+    with ThreadPoolExecutor(count) as pool:
         for batch in [*head, *batches]:
-            pending.append(pool.submit(_worker_run, batch, first))
+            pending.append(pool.submit(run, batch))
             if len(pending) >= 4 * count:
                 yield pending.pop(0).result()
         for future in pending:
@@ -994,21 +1055,26 @@ def length_histogram(lengths: Iterable[int]) -> tuple[dict[int, int], int]:
 
 
 def progress_bar(stream: Any = None) -> Progress:
-    """A progress line on stderr: examples tokenized, rate, and the share done when the size is known."""
+    """A progress line on stderr: examples tokenized, rate, and the share done when the size is known.
+
+    Drawn at most twice a second from the first half second on, and ended when a split is done."""
     stream = stream or sys.stderr
-    started = time.monotonic()
-    last = [0.0]
+    state = {"started": None, "shown": 0.0}
 
     def show(done: int, total: int | None) -> None:
         now = time.monotonic()
-        if now - last[0] < 0.5 and (total is None or done < total):
+        if state["started"] is None:
+            state["started"] = now
+        finished = total is not None and done >= total
+        if now - (state["shown"] or state["started"]) < 0.5 and not (finished and state["shown"]):
             return
-        last[0] = now
-        rate = done / max(now - started, 1e-9)
+        rate = done / max(now - state["started"], 1e-9)
         share = f" / {total} ({100 * done / total:.0f}%)" if total else ""
         print(f"\rtokenized {done}{share} examples, {rate:,.0f}/s", end="", file=stream, flush=True)
-        if total is not None and done >= total:
+        state["shown"] = now
+        if finished:
             print(file=stream, flush=True)
+            state["started"], state["shown"] = None, 0.0
 
     return show
 

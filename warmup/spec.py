@@ -519,7 +519,7 @@ class Job:
     """A spec file as the command line reads it: the spec, plus the keys only the command line uses."""
 
     spec: Spec
-    dataset: str | None  # a local dataset to compute the data facts from
+    dataset: str | bool | None  # a local dataset to compute the data facts from (True: the config's own)
     sample: int | None
     pool: str | None
     selection: dict[str, Any]  # the dataset the file itself names (TRL's dataset_name, datasets, ...)
@@ -531,7 +531,7 @@ def load_job(
     trainer: str | None = None,
     target: dict[str, Any] | None = None,
     side: str | Path | dict[str, Any] | None = None,
-    dataset: str | None = None,
+    dataset: str | bool | None = None,
     sample: int | None = None,
     with_dataset_facts: bool = True,
     progress: Any = None,
@@ -561,6 +561,11 @@ def load_job(
             ]
         )
     extras = {key: data.get(key, side_data.get(key)) for key in JOB_KEYS}
+    named_in = source if "dataset" in data else side if "dataset" in side_data else None
+    if isinstance(extras["dataset"], str) and isinstance(named_in, str | Path) and "\n" not in str(named_in):
+        extras["dataset"] = str(
+            Path(named_in).parent / Path(extras["dataset"]).expanduser()
+        )  # relative to its file
     if dataset is not None:
         extras["dataset"] = dataset
     if sample is not None:
@@ -569,10 +574,17 @@ def load_job(
     spec = parse_spec(
         {k: v for k, v in data.items() if k not in JOB_KEYS}, trainer=trainer, target=target, side=side_data
     )
-    if extras["dataset"] is not None and with_dataset_facts:
+    if extras["dataset"] not in (None, False) and with_dataset_facts:
         from warmup.facts import dataset_facts
 
-        computed = dataset_facts(spec, str(extras["dataset"]), sample=extras["sample"], progress=progress)
+        own = extras["dataset"] is True  # `--dataset` alone: the config's own dataset_name / datasets
+        computed = dataset_facts(
+            spec,
+            None if own else str(extras["dataset"]),
+            selection=selection,
+            sample=extras["sample"],
+            progress=progress,
+        )
         spec = spec.model_copy(update={"data": computed.data})
     return Job(
         spec=spec,
