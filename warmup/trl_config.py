@@ -45,6 +45,13 @@ HAND_HINTS: dict[str, str] = {
         "TRL's configs take a template file, not the template text: write it to a .jinja file and set "
         "chat_template_path: FILE"
     ),
+    "dataset_mixer": (
+        "alignment-handbook's older mixture format ({dataset id: fraction}): `trl` reads `datasets:` (a list of "
+        "{path, name, split, columns, fraction}) or dataset_name"
+    ),
+    "dataset_splits": (
+        "alignment-handbook's split list: `trl` reads dataset_train_split and dataset_test_split (one name each)"
+    ),
     "preprocessing_num_workers": "an alignment-handbook key; TRL's trainers read dataset_num_proc",
     "use_flash_attention_2": "a model setting in TRL: attn_implementation: flash_attention_2",
 }
@@ -211,20 +218,18 @@ def _read_launcher(spec: Spec, leftover: dict[str, Any], problems: list[FieldPro
             continue
         flags.update({k: v for k, v in vars(ns).items() if v != defaults.get(k)})
     config_file = None
+    named = str(leftover.get("accelerate_config"))
     if "accelerate_config" in leftover:
         try:
-            resolved = resolve_accelerate_config_argument(
-                ["--accelerate_config", str(leftover["accelerate_config"])]
-            )
-            config_file = resolved[1]
+            config_file = resolve_accelerate_config_argument(["--accelerate_config", named])[1]
         except ValueError as error:
             problems.append(FieldProblem("args.accelerate_config", f"TRL refuses it: {error}"))
     if problems:
         return Launch()
-    return _launch_facts(flags, config_file)
+    return _launch_facts(flags, config_file, named if config_file else None)
 
 
-def _launch_facts(flags: dict[str, Any], config_file: str | None) -> Launch:
+def _launch_facts(flags: dict[str, Any], config_file: str | None, named: str | None) -> Launch:
     """accelerate's rule: a flag given wins over the config file's value."""
     config: dict[str, Any] = {}
     if config_file is not None:
@@ -255,7 +260,7 @@ def _launch_facts(flags: dict[str, Any], config_file: str | None) -> Launch:
         dynamo_dynamic=flags.get("dynamo_use_dynamic") or dynamo.get("dynamo_use_dynamic"),
         zero_stage=flags.get("zero_stage") or deepspeed.get("zero_stage"),
         sequence_parallel=sequence,
-        source=config_file,
+        source=f"accelerate_config {named}" if named else None,
     )
 
 
@@ -336,10 +341,29 @@ def fix_for(name: str, trainer: str) -> str:
         return (
             "a warm-up key: `trl` refuses it in the config; put it in the side file (--side FILE) or a flag"
         )
-    close = difflib.get_close_matches(name, list(current), n=1, cutoff=0.8)
+    # A spelling suggestion only for a slip (two edits at most): a similar-looking name of another tool's
+    # (dataset_mixer, hub_model_revision) is not a misspelt TRL field.
+    close = [
+        c for c in difflib.get_close_matches(name, list(current), n=3, cutoff=0.75) if _edits(name, c) <= 2
+    ]
     if close:
         return f"not a field of any dataclass `trl {trainer}` reads; did you mean `{close[0]}`?"
     return f"not a field of any dataclass `trl {trainer}` reads (a key of another script?): drop it"
+
+
+def _edits(a: str, b: str) -> int:
+    """Optimal string alignment distance (insertions, deletions, substitutions, adjacent swaps)."""
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y))
+            if i > 1 and j > 1 and x == b[j - 2] and a[i - 2] == y:
+                cost = min(cost, previous2[j - 2] + 1)
+            current.append(cost)
+        previous2, previous = previous, current
+    return previous[-1]
 
 
 def _best_entry(entries: list[dict[str, Any]], trainer: str) -> dict[str, Any] | None:
