@@ -424,12 +424,9 @@ def from_trl_cli_config(
     for cli_key, init_key in TRL_MODEL_INIT_KEYS.items():
         if model.get(cli_key) is not None:
             init_kwargs.setdefault(init_key, model[cli_key])
-    if model.get("load_in_8bit") or model.get("load_in_4bit"):
-        raise SpecError(
-            "bitsandbytes quantization (QLoRA) does not run on Neuron or under torch.compile: train without "
-            "load_in_4bit / load_in_8bit to warm the job",
-            loc="load_in_4bit" if model.get("load_in_4bit") else "load_in_8bit",
-        )
+    for key in ("load_in_4bit", "load_in_8bit"):
+        if model.get(key):  # refused when the job is planned, with every other problem of the file
+            flat[key] = model[key]
     if model.get("use_peft"):
         spec["peft"] = {
             key: value

@@ -61,6 +61,12 @@ VALUE_HINTS: dict[tuple[str, str], str] = {
     ("packing_strategy", "ffd"): "'ffd' was renamed 'bfd' in TRL 0.20 (it always was best-fit decreasing): "
     "packing_strategy: bfd",
 }
+# ModelConfig's bitsandbytes switches (a trl config's QLoRA).
+QUANTIZATION = {
+    key: "bitsandbytes quantization (QLoRA) does not run on Neuron or under torch.compile: train without "
+    "load_in_4bit / load_in_8bit to warm the job"
+    for key in ("load_in_4bit", "load_in_8bit")
+}
 # GRPO / RLOO / distillation: what replaced the prompt truncation, in the planner's terms.
 PROMPT_FACT = (
     "TRL no longer truncates prompts, so the plan needs the longest prompt from the data: pass --dataset PATH "
@@ -181,6 +187,8 @@ def _read(spec: Spec, config_class: type) -> TrlArgs:
                 continue
         if name in trainer_fields:
             trainer[name] = value
+        elif name in QUANTIZATION and value:
+            problems.append(FieldProblem(name, QUANTIZATION[name]))
         elif owner.__name__ == "ModelConfig":
             problems.append(
                 FieldProblem(
