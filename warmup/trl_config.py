@@ -213,16 +213,24 @@ def _read_launcher(spec: Spec, leftover: dict[str, Any], problems: list[FieldPro
     parser.error = _raise  # type: ignore[method-assign]  # an answer, not an exit
     defaults = vars(parser.parse_known_args(["SCRIPT"])[0])
     flags: dict[str, Any] = {}  # only what the config sets: accelerate's defaults must not pass for choices
+    unknown = 0
     for name, value in leftover.items():
         if name == "accelerate_config":
+            continue
+        if not _launcher_option(parser, name):
+            unknown += 1
+            # The fix costs a fuzzy search: full answers for the first keys, not for thousands of junk keys.
+            problems.append(FieldProblem(f"args.{name}", refusal(name, spec.trainer, detailed=unknown <= 20)))
             continue
         try:
             ns, extras = parser.parse_known_args([f"--{name}", str(value), "SCRIPT"])
         except _Refused as error:
             problems.append(FieldProblem(f"args.{name}", f"`accelerate launch` refuses it: {error}"))
             continue
-        if extras or ns.training_script != "SCRIPT":
-            problems.append(FieldProblem(f"args.{name}", refusal(name, spec.trainer)))
+        if extras or ns.training_script != "SCRIPT":  # a flag that takes no value swallows the script's place
+            problems.append(
+                FieldProblem(f"args.{name}", f"`accelerate launch` takes --{name} without a value")
+            )
             continue
         flags.update({k: v for k, v in vars(ns).items() if v != defaults.get(k)})
     config_file = None
@@ -235,6 +243,16 @@ def _read_launcher(spec: Spec, leftover: dict[str, Any], problems: list[FieldPro
     if problems:
         return Launch()
     return _launch_facts(flags, config_file, named if config_file else None)
+
+
+def _launcher_option(parser: argparse.ArgumentParser, name: str) -> bool:
+    """Whether accelerate's launch parser takes `--name`: an option of its own, or (argparse's abbreviations)
+    the start of exactly one."""
+    flag = f"--{name}"
+    options = parser._option_string_actions
+    if flag in options:
+        return True
+    return parser.allow_abbrev and len({options[o] for o in options if o.startswith(flag)}) == 1
 
 
 def _launch_facts(flags: dict[str, Any], config_file: str | None, named: str | None) -> Launch:
@@ -314,9 +332,11 @@ SCOPES_OF = {
 }
 
 
-def refusal(name: str, trainer: str) -> str:
+def refusal(name: str, trainer: str, *, detailed: bool = True) -> str:
     """`trl <trainer>` refuses an unknown key: say so in TRL's terms, then the fix."""
-    told = f"`trl {trainer}` refuses it (accelerate launch: unrecognized arguments: --{name})"
+    told = f"unknown field (`trl {trainer}` refuses it: accelerate launch: unrecognized arguments: --{name})"
+    if not detailed:
+        return f"{told}; drop it"
     return f"{told}; {fix_for(name, trainer)}"
 
 

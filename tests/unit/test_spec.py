@@ -125,8 +125,8 @@ def test_unknown_arg_names_the_field_and_suggests():
     with pytest.raises(SpecError) as error:
         resolve_trainer_args(load_spec(spec_dict(args={"max_lenght": 512})))
     assert problems(error.value) == {
-        "args.max_lenght": "`trl sft` refuses it (accelerate launch: unrecognized arguments: --max_lenght); "
-        "not a field of any dataclass `trl sft` reads; did you mean `max_length`?"
+        "args.max_lenght": "unknown field (`trl sft` refuses it: accelerate launch: unrecognized arguments: "
+        "--max_lenght); not a field of any dataclass `trl sft` reads; did you mean `max_length`?"
     }
 
 
