@@ -27,7 +27,9 @@ def git(repo: Path, *args: str) -> str:
 
 def license_of(repo: Path, commit: str) -> str:
     text = git(repo, "show", f"{commit}:LICENSE")
-    return "Apache-2.0" if "Apache License" in text and "Version 2.0" in text else text.splitlines()[0].strip()
+    return (
+        "Apache-2.0" if "Apache License" in text and "Version 2.0" in text else text.splitlines()[0].strip()
+    )
 
 
 def main() -> int:
@@ -63,8 +65,13 @@ def main() -> int:
             if found and "model_name_or_path" in block:
                 add(ns.trl, "huggingface/trl", doc, block, found.group(1), f"{start}-{number - 1}")
             start = None
-    add(ns.trl, "huggingface/trl", "examples/cli_configs/example_config.yaml",
-        git(ns.trl, "show", "HEAD:examples/cli_configs/example_config.yaml"), "sft")
+    add(
+        ns.trl,
+        "huggingface/trl",
+        "examples/cli_configs/example_config.yaml",
+        git(ns.trl, "show", "HEAD:examples/cli_configs/example_config.yaml"),
+        "sft",
+    )
 
     for repo, name in ((ns.handbook, "huggingface/alignment-handbook"), (ns.open_r1, "huggingface/open-r1")):
         for path in git(repo, "ls-tree", "-r", "--name-only", "HEAD").split():
@@ -72,7 +79,9 @@ def main() -> int:
                 continue
             text = git(repo, "show", f"HEAD:{path}")
             data = yaml.safe_load(text)
-            kind = next((p for p in path.split("/") if p in ("sft", "dpo", "grpo", "orpo", "kto", "rloo")), None)
+            kind = next(
+                (p for p in path.split("/") if p in ("sft", "dpo", "grpo", "orpo", "kto", "rloo")), None
+            )
             if kind is None and "fixtures/config_" in path:
                 kind = path.split("config_")[1].split("_")[0]
             if not isinstance(data, dict) or "model_name_or_path" not in data or kind is None:

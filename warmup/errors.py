@@ -41,7 +41,7 @@ class SpecError(WarmupError):
         self.problems = problems
         super().__init__("invalid spec: " + "; ".join(str(p) for p in problems))
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[SpecError], tuple[list[FieldProblem]]]:
         # Rebuilt from its problems when it crosses a process boundary (a worker raised it), not from its message.
         return (self.__class__, (self.problems,))
 

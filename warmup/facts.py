@@ -66,19 +66,19 @@ class SplitFacts:
     # Token length of every row the trainer keeps, in dataset order: SFT one per example, DPO and Reward
     # two per example (chosen, then rejected), KTO one per unpaired example; GRPO / RLOO / distillation
     # have no rows before generation (see prompt_lengths). Untruncated: the planner applies max_length.
-    lengths: array.array
+    lengths: array.array[int]
     # Tokens of each kept example's prompt as the trainer splits it (chat-templated, generation prompt
     # included), in dataset order; None for data without prompts.
-    prompt_lengths: array.array | None
+    prompt_lengths: array.array[int] | None
     # SFT with packing: the length of every packed row TRL builds (these are the rows batches are made of).
-    packed_lengths: array.array | None = None
+    packed_lengths: array.array[int] | None = None
 
     @property
     def kept(self) -> int:
         return self.examples - self.dropped
 
     @property
-    def rows(self) -> array.array:
+    def rows(self) -> array.array[int]:
         """The rows batches are made of: packed rows when packing, else the kept rows."""
         return self.packed_lengths if self.packed_lengths is not None else self.lengths
 
@@ -120,7 +120,7 @@ class DatasetFacts:
             )
         header += [f"# {note}" for note in self.notes]
         body = yaml.safe_dump({"data": self.data.model_dump(exclude_none=True)}, sort_keys=False)
-        return "\n".join(header) + "\n" + body
+        return "\n".join(header) + "\n" + str(body)
 
 
 # --- the public entry point --------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def dataset_facts(
     trainer of a TRL config that does not say.
     `sample` reads at most that many examples per split and marks the facts as an estimate.
     """
-    from warmup.spec import load_job
+    from warmup.spec import read_job
     from warmup.trl_args import resolve_trainer_args
 
     started = time.monotonic()
@@ -153,9 +153,11 @@ def dataset_facts(
     if isinstance(job, Spec):
         spec = job
     else:
-        loaded = load_job(job, trainer=trainer, with_dataset_facts=False)
+        loaded = read_job(job, trainer=trainer)
         spec, selection = loaded.spec, {**loaded.selection, **selection}
-        dataset = dataset if dataset is not None else loaded.dataset
+        dataset = (
+            dataset if dataset is not None else loaded.dataset if isinstance(loaded.dataset, str) else None
+        )
         sample = sample if sample is not None else loaded.sample
     if dataset is not None:
         selection = {**selection, "dataset": str(dataset)}
@@ -166,7 +168,7 @@ def dataset_facts(
     train = _read_split(recipe, splits.train, splits.train_split, sample, workers, progress)
     evaluation = None
     if splits.eval is not None:
-        evaluation = _read_split(recipe, splits.eval, splits.eval_split, sample, workers, progress)
+        evaluation = _read_split(recipe, splits.eval, splits.eval_split or "test", sample, workers, progress)
     read_seconds = time.monotonic() - reading
     notes = list(splits.notes)
     data = _summarize(recipe, train, evaluation, sample, notes)
@@ -431,7 +433,11 @@ class _Tokenize:
         return self._encode(texts, add_special_tokens=True)
 
     def chat(
-        self, conversations: list[list[dict]], *, generation_prompt: bool, kwargs: list[dict]
+        self,
+        conversations: list[list[dict[str, Any]]],
+        *,
+        generation_prompt: bool,
+        kwargs: list[dict[str, Any]],
     ) -> list[list[int]]:
         """`apply_chat_template(conversation, tokenize=True, ...)`: rendered, then encoded without special tokens.
 
@@ -471,7 +477,9 @@ class _Tokenize:
             return ids
         return list(self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def assistant_masks(self, conversations: list[list[dict]], kwargs: list[dict]) -> list[list[int]]:
+    def assistant_masks(
+        self, conversations: list[list[dict[str, Any]]], kwargs: list[dict[str, Any]]
+    ) -> list[list[int]]:
         """`return_assistant_tokens_mask=True` (SFT's assistant_only_loss), one call per example as TRL makes it."""
         masks = []
         for conversation, own in zip(conversations, kwargs, strict=True):
@@ -511,10 +519,10 @@ class _Renderer:
             self.direct = False
 
     def render(
-        self, conversations: list[list[dict]], *, generation_prompt: bool, kwargs: dict[str, Any]
+        self, conversations: list[list[dict[str, Any]]], *, generation_prompt: bool, kwargs: dict[str, Any]
     ) -> list[str]:
-        def hf(batch: list[list[dict]]) -> list[str]:
-            return self.tokenizer.apply_chat_template(
+        def hf(batch: list[list[dict[str, Any]]]) -> list[str]:
+            return self.tokenizer.apply_chat_template(  # type: ignore[no-any-return]
                 batch,
                 tokenize=False,
                 add_generation_prompt=generation_prompt,
@@ -550,6 +558,15 @@ class _Renderer:
                 if type(value) is not str or type(key) is not str or key in self.reasoning:
                     return False
         return True
+
+
+def _prompt_plus(key: str) -> Callable[[dict[str, Any]], Any]:
+    """The prompt followed by the example's `key` (a completion): text or messages, joined as TRL joins them."""
+
+    def part(example: dict[str, Any]) -> Any:
+        return example["prompt"] + example[key]
+
+    return part
 
 
 def _example_kwargs(example: dict[str, Any]) -> dict[str, Any]:
@@ -721,7 +738,7 @@ class _Rows:
 
     # DPOTrainer / KTOTrainer._prepare_dataset
     def _preference(
-        self, batch: list[dict[str, Any]], is_conversational: Callable[[dict], bool]
+        self, batch: list[dict[str, Any]], is_conversational: Callable[[dict[str, Any]], bool]
     ) -> _BatchRows:
         from trl.data_utils import common_prefix_length, extract_prompt
 
@@ -746,9 +763,7 @@ class _Rows:
         everyone = list(range(len(batch)))
         prompt_ids = self._split_ids(batch, everyone, conversational, lambda e: e["prompt"], prompt=True)
         full = {
-            key: self._split_ids(
-                batch, everyone, conversational, lambda e, k=key: e["prompt"] + e[k], prompt=False
-            )
+            key: self._split_ids(batch, everyone, conversational, _prompt_plus(key), prompt=False)
             for key in completions
         }
         lengths: list[int] = []
@@ -767,7 +782,9 @@ class _Rows:
         return _BatchRows(lengths, prompts, dropped, len(batch))
 
     # RewardTrainer._prepare_dataset
-    def _reward(self, batch: list[dict[str, Any]], is_conversational: Callable[[dict], bool]) -> _BatchRows:
+    def _reward(
+        self, batch: list[dict[str, Any]], is_conversational: Callable[[dict[str, Any]], bool]
+    ) -> _BatchRows:
         recipe = self.recipe
         first = self.first or batch[0]
         if "chosen_ids" in first and "rejected_ids" in first:
@@ -806,7 +823,9 @@ class _Rows:
         return _BatchRows(lengths, None, dropped, len(batch))
 
     # GRPOTrainer / RLOOTrainer / DistillationTrainer._tokenize_prompts
-    def _prompts(self, batch: list[dict[str, Any]], is_conversational: Callable[[dict], bool]) -> _BatchRows:
+    def _prompts(
+        self, batch: list[dict[str, Any]], is_conversational: Callable[[dict[str, Any]], bool]
+    ) -> _BatchRows:
         if "prompt" not in batch[0]:
             raise DatasetError(
                 f"the dataset has no 'prompt' column (columns: {', '.join(batch[0])}); TRL's {self.recipe.trainer} "
@@ -952,7 +971,7 @@ def _threaded(
 # --- packing --------------------------------------------------------------------------------------------
 
 
-def packed_lengths(recipe: _Recipe, lengths: array.array) -> array.array:
+def packed_lengths(recipe: _Recipe, lengths: array.array[int]) -> array.array[int]:
     """The rows TRL's `pack_dataset` builds from examples of these lengths, as SFTTrainer calls it.
 
     SFTTrainer shuffles (when shuffle_dataset) with its seed, then packs with `Dataset.map(batched=True)`:
@@ -961,7 +980,7 @@ def packed_lengths(recipe: _Recipe, lengths: array.array) -> array.array:
     is ever in memory.
     """
     import numpy as np
-    import pyarrow as pa
+    import pyarrow as pa  # type: ignore[import-untyped]
     from trl.data_utils import _pack_bfd, _pack_wrapped
 
     order = np.frombuffer(lengths, dtype=np.uint32) if len(lengths) else np.zeros(0, dtype=np.uint32)
@@ -1059,11 +1078,11 @@ def progress_bar(stream: Any = None) -> Progress:
 
     Drawn at most twice a second from the first half second on, and ended when a split is done."""
     stream = stream or sys.stderr
-    state = {"started": None, "shown": 0.0}
+    state: dict[str, float] = {"started": 0.0, "shown": 0.0}
 
     def show(done: int, total: int | None) -> None:
         now = time.monotonic()
-        if state["started"] is None:
+        if not state["started"]:
             state["started"] = now
         finished = total is not None and done >= total
         if now - (state["shown"] or state["started"]) < 0.5 and not (finished and state["shown"]):
@@ -1074,7 +1093,7 @@ def progress_bar(stream: Any = None) -> Progress:
         state["shown"] = now
         if finished:
             print(file=stream, flush=True)
-            state["started"], state["shown"] = None, 0.0
+            state["started"], state["shown"] = 0.0, 0.0
 
     return show
 

@@ -15,9 +15,9 @@ import dataclasses
 import difflib
 import functools
 import hashlib
-import importlib
 import json
 import math
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -34,7 +34,7 @@ from pydantic import (
     model_validator,
 )
 
-from warmup.errors import FieldProblem, MissingDependencyError, SpecError, UnknownTrainerError
+from warmup.errors import FieldProblem, SpecError, UnknownTrainerError
 
 TrainerKind = Literal["sft", "dpo", "kto", "reward", "grpo", "rloo", "distillation"]
 TRAINER_KINDS: tuple[str, ...] = get_args(TrainerKind)
@@ -241,23 +241,8 @@ def unknown_trainer_message(value: Any) -> str:
     return f"unknown trainer {value!r}: {known}{hint}"
 
 
-@functools.cache
 def _experimental_trainers() -> frozenset[str]:
-    """The trainer packages under trl.experimental (listed from the installed TRL, nothing imported)."""
-    try:
-        from importlib.util import find_spec
-
-        found = find_spec("trl")
-    except (ImportError, ValueError):
-        return frozenset()
-    if found is None or not found.submodule_search_locations:
-        return frozenset()
-    names: set[str] = set()
-    for location in found.submodule_search_locations:
-        folder = Path(location) / "experimental"
-        if folder.is_dir():
-            names |= {p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("_")}
-    return frozenset(names - set(TRAINER_KINDS))
+    return frozenset(trl_cli_fields()["experimental_trainers"])
 
 
 def _problems(error: ValidationError) -> list[FieldProblem]:
@@ -353,35 +338,23 @@ class ScriptFields:
 
 
 @functools.cache
+def trl_cli_fields() -> dict[str, Any]:
+    """What `trl <trainer> --config` reads besides the trainer config, taken from TRL by tools/trl_cli_fields.py
+    (a pod reads trl configs with the base install: TRL is neither needed nor imported here)."""
+    return dict(json.loads(resources.files("warmup.data").joinpath("trl_cli_fields.json").read_text()))
+
+
 def trl_script_fields(trainer: str) -> ScriptFields:
-    """The non-trainer fields `trl <trainer> --config` accepts, from TRL's script module (no torch import)."""
+    """The non-trainer fields `trl <trainer> --config` accepts."""
     if trainer not in TRAINER_KINDS:
         raise UnknownTrainerError(unknown_trainer_message(trainer), loc="trainer")
-    try:
-        module = importlib.import_module(f"trl.scripts.{trainer}")
-        from trl.scripts.utils import DatasetMixtureConfig, ScriptArguments
-        from trl.trainer.model_config import ModelConfig
-    except ImportError:
-        raise MissingDependencyError(
-            "reading the YAML of `trl <trainer> --config` needs TRL installed (pip install trl), as the training "
-            "image has it"
-        ) from None
-    script_classes = [
-        value
-        for value in vars(module).values()
-        if isinstance(value, type)
-        and issubclass(value, ScriptArguments)
-        and value.__module__ == module.__name__
-    ]
-    script = _field_names(script_classes[0] if script_classes else ScriptArguments)
-    dataset = _field_names(DatasetMixtureConfig) | {name for name in script if name.startswith("dataset_")}
+    fields = trl_cli_fields()
+    script = fields["scripts"][trainer]
     return ScriptFields(
-        model=_field_names(ModelConfig), dataset=frozenset(dataset), script=frozenset(script - dataset)
+        model=frozenset(fields["model"]),
+        dataset=frozenset(script["dataset"]),
+        script=frozenset(script["script"]),
     )
-
-
-def _field_names(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
 
 
 def from_trl_cli_config(
@@ -454,20 +427,11 @@ def _accelerate_config_processes(name: Any) -> int | None:
         return None
     path = Path(name).expanduser()
     if not path.is_file():
-        try:
-            from importlib import resources
-
-            preset = resources.files("trl.accelerate_configs").joinpath(f"{name}.yaml")
-        except (ImportError, ModuleNotFoundError):
-            return None
-        if not preset.is_file():
-            return None
-        text = preset.read_text()
-    else:
-        text = path.read_text()
+        preset = trl_cli_fields()["accelerate_presets"].get(name)
+        return preset if isinstance(preset, int) else None
     try:
-        config = yaml.safe_load(text) or {}
-    except yaml.YAMLError:
+        config = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
         return None
     if not isinstance(config, dict):
         return None
@@ -503,10 +467,11 @@ def dataset_selection(source: str | Path | dict[str, Any]) -> dict[str, Any]:
         return {}
     selection = {key: data[key] for key in ("dataset", "sample") if data.get(key) is not None}
     if is_trl_cli_config(data):
-        trainer = data.get("trainer") if isinstance(data.get("trainer"), str) else "sft"
+        named = data.get("trainer")
+        trainer = named if isinstance(named, str) else "sft"
         try:
             names = trl_script_fields(trainer.lower()).dataset
-        except (UnknownTrainerError, MissingDependencyError):
+        except UnknownTrainerError:
             return selection
         selection.update({key: data[key] for key in names if key in data})
     return selection
@@ -523,7 +488,7 @@ class Job:
     selection: dict[str, Any]  # the dataset the file itself names (TRL's dataset_name, datasets, ...)
 
 
-def load_job(
+def read_job(
     source: str | Path | dict[str, Any],
     *,
     trainer: str | None = None,
@@ -531,14 +496,12 @@ def load_job(
     side: str | Path | dict[str, Any] | None = None,
     dataset: str | bool | None = None,
     sample: int | None = None,
-    with_dataset_facts: bool = True,
-    progress: Any = None,
 ) -> Job:
     """Read a spec or TRL config (file, YAML text or mapping) with its side file and flags.
 
-    The dataset (`dataset`, else the side file's or the spec's `dataset:`) has its facts computed with the
-    model's tokenizer and the trainer's preprocessing (`warmup.facts`; TRL, transformers and datasets are
-    imported then, only then), and they replace the spec's `data`.
+    The dataset it names (`dataset`, else the spec's or the side file's `dataset:`, a path relative to
+    the file that names it) is returned, not read: `warmup.facts` computes its facts (with TRL,
+    transformers and datasets), which the command line then puts in the spec's `data`.
     """
     data = source if isinstance(source, dict) else _read_mapping(source)
     if not isinstance(data, dict):
@@ -568,28 +531,15 @@ def load_job(
         extras["dataset"] = dataset
     if sample is not None:
         extras["sample"] = sample
-    selection = dataset_selection(data)
     spec = parse_spec(
         {k: v for k, v in data.items() if k not in JOB_KEYS}, trainer=trainer, target=target, side=side_data
     )
-    if extras["dataset"] not in (None, False) and with_dataset_facts:
-        from warmup.facts import dataset_facts
-
-        own = extras["dataset"] is True  # `--dataset` alone: the config's own dataset_name / datasets
-        computed = dataset_facts(
-            spec,
-            None if own else str(extras["dataset"]),
-            selection=selection,
-            sample=extras["sample"],
-            progress=progress,
-        )
-        spec = spec.model_copy(update={"data": computed.data})
     return Job(
         spec=spec,
         dataset=extras["dataset"],
         sample=extras["sample"],
         pool=extras["pool"],
-        selection=selection,
+        selection=dataset_selection(data),
     )
 
 
@@ -599,12 +549,20 @@ def load_spec(
     trainer: str | None = None,
     target: dict[str, Any] | None = None,
     side: str | Path | dict[str, Any] | None = None,
-    dataset: str | None = None,
 ) -> Spec:
-    """Load a spec from a YAML/JSON file, a YAML/JSON string, or a mapping (see `load_job`)."""
-    if isinstance(source, dict) and side is None and dataset is None and not set(source) & set(JOB_KEYS):
-        return parse_spec(source, trainer=trainer, target=target)
-    return load_job(source, trainer=trainer, target=target, side=side, dataset=dataset).spec
+    """Load a spec from a YAML/JSON file, a YAML/JSON string, or a mapping (see `read_job`).
+
+    A spec that names a dataset (`dataset:`) needs its facts computed first: `warmup.facts.dataset_facts`, or
+    any `warmup` command, which does it.
+    """
+    job = read_job(source, trainer=trainer, target=target, side=side)
+    if job.dataset not in (None, False):
+        raise SpecError(
+            f"the spec names a dataset ({job.dataset}) whose facts are not computed yet: run it through a `warmup` "
+            "command (or warmup.facts.dataset_facts) to fill `data`",
+            loc="dataset",
+        )
+    return job.spec
 
 
 def _read_mapping(source: str | Path, *, what: str = "spec file") -> Any:

@@ -98,12 +98,12 @@ def _resolve_config_class(trainer: str) -> type:
 
 
 @functools.cache
-def _fields(cls: type) -> dict[str, dataclasses.Field]:
+def _fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
     return {f.name: f for f in dataclasses.fields(cls) if f.init}
 
 
 @functools.cache
-def _adapter(annotation: Any) -> TypeAdapter | None:
+def _adapter(annotation: Any) -> TypeAdapter[Any] | None:
     try:
         return TypeAdapter(annotation)
     except Exception:  # exotic annotations (enums of transformers, forward refs) are left to TRL itself
@@ -268,7 +268,7 @@ def resolve_pad_to_multiple_of(value: Any, spec: Spec) -> int | None:
 
 
 def _generation_batch(
-    given: dict[str, Any], fields: dict[str, dataclasses.Field], world_size: int
+    given: dict[str, Any], fields: dict[str, dataclasses.Field[Any]], world_size: int
 ) -> tuple[int, int]:
     """GRPO / RLOO: (steps_per_generation, generation_batch_size) by TRL's rule, for `world_size` processes."""
 
@@ -296,7 +296,7 @@ def _generation_batch(
     return steps, global_batch * steps
 
 
-def _mistyped(resolved: dict[str, Any], cls: type, given: dict[str, Any]) -> list:
+def _mistyped(resolved: dict[str, Any], cls: type, given: dict[str, Any]) -> list[FieldProblem]:
     problems = []
     # The class's own annotations: HfArgumentParser rewrites the `type` of the dataclass's Field objects in place
     # (`int | str | None` becomes `str`), so dataclasses.fields() no longer tells the truth once a parser was built.

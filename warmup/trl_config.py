@@ -140,7 +140,8 @@ def _script_parser(trainer: str) -> tuple[Any, dict[str, tuple[argparse.Action, 
 def _launch_parser() -> argparse.ArgumentParser:
     from accelerate.commands.launch import launch_command_parser
 
-    return launch_command_parser()
+    parser: argparse.ArgumentParser = launch_command_parser()
+    return parser
 
 
 class _Refused(Exception):
@@ -210,7 +211,7 @@ def _read_launcher(spec: Spec, leftover: dict[str, Any], problems: list[FieldPro
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
 
     parser = _launch_parser()
-    parser.error = _raise  # type: ignore[method-assign]  # an answer, not an exit
+    parser.error = _raise  # type: ignore[method-assign,assignment]  # an answer, not an exit
     defaults = vars(parser.parse_known_args(["SCRIPT"])[0])
     flags: dict[str, Any] = {}  # only what the config sets: accelerate's defaults must not pass for choices
     unknown = 0
@@ -422,7 +423,7 @@ def _said(name: str, trainer: str) -> str:
     entry = _best_entry(_hints().get(name, []), trainer)
     if entry is None or not entry.get("message"):
         return "no deprecation message"
-    where = entry.get("first_deprecated") or entry.get("last_seen")
+    where = str(entry.get("first_deprecated") or entry.get("last_seen") or "an older release")
     return f'{where.split()[0]} {where.split()[-1]} said: "{entry["message"]}"'
 
 

@@ -21,6 +21,8 @@ from warmup.facts import dataset_facts
 from warmup.spec import load_spec
 
 INDUCTOR_CPU = {"backend": "inductor", "device": "cpu"}
+# The comparisons build TRL's real trainers (tens of seconds in all): the compile tier, not the fast loop.
+TRL_TRAINER = pytest.mark.compile
 WORDS = CORPUS.replace(",", "").replace(".", "").replace("?", "").replace(":", "").split()
 
 
@@ -130,6 +132,7 @@ SFT_CASES = [
 ]
 
 
+@TRL_TRAINER
 @pytest.mark.parametrize(("kind", "extra"), SFT_CASES)
 def test_sft_lengths_are_trls(bpe_model, tmp_path, kind, extra):
     args = {"max_length": 4096, **extra}
@@ -142,6 +145,7 @@ def test_sft_lengths_are_trls(bpe_model, tmp_path, kind, extra):
     assert facts.data.max_tokens == max(truth) and facts.data.min_tokens == min(truth)
 
 
+@TRL_TRAINER
 def test_sft_drops_the_examples_trl_drops(bpe_model, tmp_path):
     """A prompt that alone fills max_length leaves no completion token to learn from: TRL drops the example."""
     args = {"max_length": 26}
@@ -154,6 +158,7 @@ def test_sft_drops_the_examples_trl_drops(bpe_model, tmp_path):
     assert [min(n, 26) for n in facts.train.lengths] == truth  # facts are untruncated; TRL truncated them
 
 
+@TRL_TRAINER
 @pytest.mark.parametrize(
     "args",
     [
@@ -171,6 +176,7 @@ def test_sft_packed_rows_are_trls(bpe_model, tmp_path, args):
     assert facts.data.num_train_examples == len(truth)
 
 
+@TRL_TRAINER
 @pytest.mark.parametrize("kind", ["preference", "chat_preference", "implicit_preference"])
 def test_dpo_rows_and_prompts_are_trls(bpe_model, tmp_path, kind):
     args = {"max_length": 4096}
@@ -186,6 +192,7 @@ def test_dpo_rows_and_prompts_are_trls(bpe_model, tmp_path, kind):
     assert list(facts.train.prompt_lengths) == [len(p) for p in data["prompt_ids"]]
 
 
+@TRL_TRAINER
 def test_dpo_drops_prompts_that_fill_max_length(bpe_model, tmp_path):
     args = {"max_length": 14}
     path = write(tmp_path, "chat_preference")
@@ -194,6 +201,7 @@ def test_dpo_drops_prompts_that_fill_max_length(bpe_model, tmp_path):
     assert facts.train.dropped > 0 and facts.data.num_train_examples == len(data)
 
 
+@TRL_TRAINER
 @pytest.mark.parametrize("kind", ["unpaired", "chat_preference"])
 def test_kto_rows_are_trls(bpe_model, tmp_path, kind):
     args = {"max_length": 4096, "per_device_train_batch_size": 2}
@@ -206,6 +214,7 @@ def test_kto_rows_are_trls(bpe_model, tmp_path, kind):
     assert facts.data.num_train_examples == len(truth)
 
 
+@TRL_TRAINER
 @pytest.mark.parametrize(
     ("kind", "max_length"), [("preference", 4096), ("chat_preference", 4096), ("chat_preference", 30)]
 )
@@ -221,6 +230,7 @@ def test_reward_rows_are_trls(bpe_model, tmp_path, kind, max_length):
     assert facts.data.num_train_examples == len(data)
 
 
+@TRL_TRAINER
 @pytest.mark.parametrize("trainer", ["grpo", "rloo"])
 @pytest.mark.parametrize("kind", ["prompt", "chat_prompt"])
 def test_online_prompts_are_trls(bpe_model, tmp_path, trainer, kind):

@@ -31,6 +31,8 @@ from tests.support.shape_recorder import ShapeRecorder
 from tests.support.tiny_model import CORPUS, init_model, write_bpe_model
 from warmup.cli import main
 
+pytestmark = pytest.mark.compile  # real TRL training runs
+
 ROOT = Path(__file__).resolve().parents[1] / "real_configs"
 WORDS = CORPUS.replace(",", "").replace(".", "").replace("?", "").replace(":", "").split()
 SHRINK = {

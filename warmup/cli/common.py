@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from warmup.spec import Job, Spec
@@ -59,7 +59,7 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def target_overrides(ns: argparse.Namespace) -> dict | None:
+def target_overrides(ns: argparse.Namespace) -> dict[str, Any] | None:
     target = dict(TARGETS[ns.target]) if getattr(ns, "target", None) else {}
     for key, value in (("backend", ns.backend), ("device", ns.device), ("world_size", ns.world_size)):
         if value is not None:
@@ -68,18 +68,31 @@ def target_overrides(ns: argparse.Namespace) -> dict | None:
 
 
 def load_job_from_args(ns: argparse.Namespace) -> Job:
-    from warmup.facts import progress_bar
-    from warmup.spec import load_job
+    """The spec file with its side file and flags; a dataset it names has its facts computed into `data`."""
+    import dataclasses
 
-    return load_job(
+    from warmup.spec import read_job
+
+    job = read_job(
         ns.spec,
         trainer=ns.trainer,
         target=target_overrides(ns),
         side=getattr(ns, "side", None),
         dataset=getattr(ns, "dataset", None),
         sample=getattr(ns, "sample", None),
+    )
+    if job.dataset in (None, False):
+        return job
+    from warmup.facts import dataset_facts, progress_bar
+
+    found = dataset_facts(
+        job.spec,
+        None if job.dataset is True else str(job.dataset),  # `--dataset` alone: the config's own dataset_name
+        selection=job.selection,
+        sample=job.sample,
         progress=progress_bar(sys.stderr),
     )
+    return dataclasses.replace(job, spec=job.spec.model_copy(update={"data": found.data}))
 
 
 def load_spec_from_args(ns: argparse.Namespace) -> Spec:

@@ -7,7 +7,7 @@ import json
 import sys
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     facts = sub.add_parser(
         "facts",
         help="read a job's dataset with the model's tokenizer and the trainer's preprocessing; print a `data:` block",
@@ -35,9 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_facts(ns: argparse.Namespace) -> int:
     from warmup.facts import dataset_facts, progress_bar
-    from warmup.spec import load_job
+    from warmup.spec import read_job
 
-    job = load_job(ns.spec, trainer=ns.trainer, side=ns.side, with_dataset_facts=False)
+    job = read_job(ns.spec, trainer=ns.trainer, side=ns.side)
     dataset = ns.dataset if ns.dataset is not None else job.dataset if isinstance(job.dataset, str) else None
     found = dataset_facts(
         job.spec,
