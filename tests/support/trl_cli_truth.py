@@ -37,7 +37,9 @@ def trl_cli_verdict(trainer: str, config: Path) -> tuple[bool, str]:
             )
             launch_args = resolve_accelerate_config_argument(config_remaining + cli_remaining)
             launch_command_parser().parse_args([*launch_args, "train.py", *argv])
-            module.make_parser().parse_args_and_config([*argv, "--use_cpu", "true"], fail_with_unknown_args=False)
+            module.make_parser().parse_args_and_config(
+                [*argv, "--use_cpu", "true"], fail_with_unknown_args=False
+            )
     except SystemExit:
         return False, said.getvalue().strip().splitlines()[-1] if said.getvalue().strip() else "exit"
     except Exception as error:  # TRL's and transformers' own checks raise ValueError, TypeError, ...

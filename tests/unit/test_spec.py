@@ -252,7 +252,9 @@ def test_the_trl_cli_field_lists_are_the_installed_trls():
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     shipped = json.loads(resources.files("warmup.data").joinpath("trl_cli_fields.json").read_text())
-    assert shipped == module.build(), "TRL changed: python tools/trl_cli_fields.py > warmup/data/trl_cli_fields.json"
+    assert shipped == module.build(), (
+        "TRL changed: python tools/trl_cli_fields.py > warmup/data/trl_cli_fields.json"
+    )
 
 
 def test_a_trl_config_is_read_without_importing_trl(tmp_path):
