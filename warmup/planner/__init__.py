@@ -111,6 +111,12 @@ def _config_warnings(plan: PlanBuilder) -> None:
             "the accelerate config asks Dynamo for dynamic shapes (dynamo_use_dynamic): the compiled graphs are "
             "not the static ones warmed here; set dynamo_use_dynamic: false"
         )
+    reward_model = plan.args.script.get("reward_model_name_or_path")
+    if reward_model:
+        plan.warn(
+            f"reward_model_name_or_path {reward_model}: the reward model scores each completion as its own tokenizer "
+            "reads the text, shapes this plan does not list (under torch_compile accelerate compiles it too)"
+        )
     if plan.data.estimated_from is not None:
         plan.warn(
             f"the data facts are an estimate from {plan.data.estimated_from} examples per split (--sample): a longer "
