@@ -169,11 +169,18 @@ def run_script(config: Path, trainer: str) -> set:
             recorder.attach(self.ref_model, "ref")
         return original(self, *args, **kwargs)
 
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(
+        1
+    )  # a tiny model's ops are microseconds: OpenMP's barriers on a busy machine cost more
     cls.train = train
     try:
         module.main(*parsed)
     finally:
         cls.train = original
+        torch.set_num_threads(threads)
     assert recorder.seen, "the run made no forward"
     return recorder.seen
 
