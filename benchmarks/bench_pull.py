@@ -46,7 +46,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.services import Services
-from warmup.settings import Settings
 from tests.support.live_server import serve
 from tests.support.pods import publish
 from tests.support.seaweed import seaweedfs
@@ -55,6 +54,7 @@ from warmup.artifacts import ArtifactFile
 from warmup.backends import get_backend
 from warmup.db.records import FileRef, Keyed
 from warmup.planner import plan_spec
+from warmup.settings import Settings
 from warmup.spec import Spec, load_spec
 from warmup.toolchain import Toolchain, current_toolchain
 

@@ -305,7 +305,7 @@ class Worker:
                 return None
         if "error" in box:
             raise box["error"]  # type: ignore[misc]
-        return cast(SignatureResult, box["result"])
+        return cast("SignatureResult", box["result"])
 
     def _record(
         self, task: ClaimedTask, signature: Signature, result: SignatureResult, started: float
