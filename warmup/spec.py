@@ -5,8 +5,12 @@ config fields under TRL's own names, optional facts about the dataset, and the t
 on. It is read from our YAML/JSON form or imported from the YAML a user passes to
 `trl <trainer> --config ...`.
 
-This module needs neither TRL nor torch: a training pod loads specs with the base install. The deep
-check against TRL's real config classes lives in `warmup.trl_args` and runs where TRL is installed.
+This module needs neither TRL nor torch: a training pod loads specs with the base install. A trl
+config's keys are sorted by the fields of TRL's script dataclasses shipped as data
+(`warmup/data/trl_cli_fields.json`); reading them as TRL reads them (`warmup.trl_config`) and the
+check against TRL's real config classes (`warmup.trl_args`) run where TRL is installed, when the job
+is planned or warmed. A side file (`read_job(side=...)`) carries what `trl` must not see: the
+trainer, the target, the data facts or the dataset to compute them from, the worker pool.
 """
 
 from __future__ import annotations
