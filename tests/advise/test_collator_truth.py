@@ -1,0 +1,278 @@
+"""The advisor's padded tokens and padding waste against TRL's own padding, in the trainer's own order.
+
+For each generated dataset (uniform, bimodal, long-tailed lengths) a real TRL trainer is built on the tiny
+model (nothing trains, nothing compiles) and its training dataloader is iterated: the Trainer's sampler and
+TRL's own collator (DataCollatorForLanguageModeling, DataCollatorForPreference) or, for GRPO, the prompts of
+each generation batch in RepeatSampler's order padded with TRL's `pad` as `_generate_and_score_completions`
+pads them. Several processes: the same DataLoader through accelerate's `prepare_data_loader` for each process
+index, as `accelerator.prepare` builds it on each of them. The advisor must give the same token counts.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tests.support.length_data import DISTRIBUTIONS
+from tests.support.preference_runs import pair
+from tests.support.shape_recorder import CPU_ARGS
+from tests.support.tiny_model import init_model, words
+from warmup.advise import DatasetLengths, SplitLengths, advise
+from warmup.advise.simulate import epochs
+from warmup.spec import load_spec
+
+
+def spec_for(trainer: str, model_dir, args: dict, world_size: int = 1):
+    return load_spec(
+        {
+            "trainer": trainer,
+            "model": str(model_dir),
+            "args": {**args, "bf16": False},
+            "target": {"backend": "inductor", "device": "cpu", "world_size": world_size},
+        }
+    )
+
+
+def loaders(trainer, world_size: int) -> list:
+    """The training DataLoader of each process: the trainer's own in one process; with several, the same
+    DataLoader prepared by accelerate for each process index (what `accelerator.prepare` does on each)."""
+    if world_size == 1:
+        return [trainer.get_train_dataloader()]
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    args = trainer.args
+    dataset = trainer._remove_unused_columns(trainer.train_dataset, description="Training")
+    base = DataLoader(
+        dataset,
+        batch_size=args.per_device_train_batch_size,
+        sampler=trainer._get_train_sampler(dataset),
+        collate_fn=trainer.data_collator,
+        drop_last=args.dataloader_drop_last,
+    )
+    return [
+        prepare_data_loader(
+            base,
+            num_processes=world_size,
+            process_index=rank,
+            put_on_device=False,
+            use_seedable_sampler=True,
+            data_seed=args.data_seed,
+        )
+        for rank in range(world_size)
+    ]
+
+
+def collated(loaders: list, epochs: int = 1) -> list[tuple[int, int]]:
+    """(padded tokens, real tokens) of each epoch: every batch TRL's collator built, all processes."""
+    counts = []
+    for _ in range(epochs):
+        padded = real = 0
+        for loader in loaders:
+            for batch in loader:
+                mask = batch["attention_mask"]
+                padded += mask.numel()
+                real += int(mask.sum())
+        counts.append((padded, real))
+    return counts
+
+
+def lengths_seen_by(trainer) -> SplitLengths:
+    """Per-example lengths from TRL's own preprocessing (a trainer built without max_length)."""
+    data = trainer.train_dataset
+    if "chosen_ids" in data.column_names:
+        return SplitLengths.of(
+            prompt=[len(x) for x in data["prompt_ids"]],
+            completion=[len(x) for x in data["chosen_ids"]],
+            rejected=[len(x) for x in data["rejected_ids"]],
+        )
+    full = [len(x) for x in data["input_ids"]]
+    # SFT turns the completion mask into labels: -100 on the prompt when the loss is on completions only.
+    prompt = [sum(label == -100 for label in x) for x in data["labels"]]
+    return SplitLengths.of(prompt=prompt, completion=[f - p for f, p in zip(full, prompt, strict=True)])
+
+
+def build_sft(model_dir, tmp_path, args: dict, dataset):
+    from transformers import AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    config = SFTConfig(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **args})
+    return SFTTrainer(
+        model=init_model(model_dir),
+        args=config,
+        train_dataset=dataset,
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+    )
+
+
+def build_dpo(model_dir, tmp_path, args: dict, examples: list[dict]):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    config = DPOConfig(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **args})
+    return DPOTrainer(
+        model=init_model(model_dir),
+        ref_model=init_model(model_dir, seed=1),
+        args=config,
+        train_dataset=Dataset.from_list(examples),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+    )
+
+
+# --- SFT ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_sft_language_modelling(tiny_model_dir, tmp_path, distribution, world_size):
+    """Pre-tokenized text, some rows longer than max_length (cut), a short last batch (one process) or
+    batches filled from the start of the epoch (three)."""
+    from datasets import Dataset
+
+    lengths = DISTRIBUTIONS[distribution](random.Random(11), 61, 4, 180)
+    args = {"per_device_train_batch_size": 4, "max_length": 150, "pad_to_multiple_of": 16, "seed": 5}
+    dataset = Dataset.from_dict({"input_ids": [[10 + i % 150] * n for i, n in enumerate(lengths)]})
+    trainer = build_sft(tiny_model_dir, tmp_path, args, dataset)
+    truth = collated(loaders(trainer, world_size), epochs=2)
+
+    data = DatasetLengths(train=SplitLengths.of(completion=lengths))
+    advice = advise(spec_for("sft", tiny_model_dir, args, world_size), data)
+    current = advice.current
+    assert (current.padded_tokens, current.real_tokens) == truth[0]
+    assert current.padding_waste == pytest.approx(1 - truth[0][1] / truth[0][0])
+    assert current.examples_truncated == sum(n > 150 for n in lengths) > 0
+    # Later epochs, in their own order, too (the projection sums every epoch of the job).
+    assert truth[0] != truth[1]
+    replay = _epochs("sft", tiny_model_dir, args, world_size, data, 2)
+    assert replay == truth
+
+
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_sft_prompt_completion_drops_prompts_that_fill_max_length(tiny_model_dir, tmp_path, distribution):
+    """Completion-only loss: an example whose prompt alone fills max_length has no label left and TRL drops it;
+    the lengths come from TRL's own preprocessing (a trainer without max_length)."""
+    from datasets import Dataset
+
+    rng = random.Random(3)
+    prompts = DISTRIBUTIONS[distribution](rng, 50, 2, 120)
+    completions = [rng.randint(1, 60) for _ in prompts]
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [words(p) for p in prompts],
+            "completion": [" " + words(c, 40) for c in completions],
+        }
+    )
+    args = {"per_device_train_batch_size": 3, "pad_to_multiple_of": 8, "seed": 9}
+    lengths = lengths_seen_by(build_sft(tiny_model_dir, tmp_path, {**args, "max_length": None}, dataset))
+    args["max_length"] = 64
+    truth = collated(loaders(build_sft(tiny_model_dir, tmp_path, args, dataset), 1))
+
+    advice = advise(spec_for("sft", tiny_model_dir, args), DatasetLengths(train=lengths))
+    assert (advice.current.padded_tokens, advice.current.real_tokens) == truth[0]
+    assert advice.current.examples_dropped == sum(p >= 64 for p in lengths.prompt) > 0
+
+
+# --- DPO ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_dpo_chosen_and_rejected_rows(tiny_model_dir, tmp_path, distribution, world_size):
+    """2B rows per batch (chosen over rejected), each cut at max_length; prompts that fill max_length dropped."""
+    rng = random.Random(21)
+    prompts = DISTRIBUTIONS[distribution](rng, 45, 2, 90)
+    examples = [pair(p, p + rng.randint(1, 50), p + rng.randint(1, 50)) for p in prompts]
+    args = {"per_device_train_batch_size": 3, "max_length": 80, "pad_to_multiple_of": 32, "seed": 2}
+    trainer = build_dpo(tiny_model_dir, tmp_path, {**args, "max_length": None}, examples)
+    lengths = lengths_seen_by(trainer)
+    truth = collated(loaders(build_dpo(tiny_model_dir, tmp_path, args, examples), world_size))
+
+    advice = advise(spec_for("dpo", tiny_model_dir, args, world_size), DatasetLengths(train=lengths))
+    assert (advice.current.padded_tokens, advice.current.real_tokens) == truth[0]
+    assert advice.current.examples_dropped == sum(p >= 80 for p in prompts)
+
+
+# --- GRPO ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_grpo_prompt_and_completion_padding(tiny_model_dir, tmp_path, distribution):
+    """Each generation batch's prompts (left) and completions (right) padded over the whole batch with TRL's
+    `pad`, at the steps where `_prepare_inputs` generates, every completion the assumed 37 tokens long."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.utils import pad
+
+    prompts = DISTRIBUTIONS[distribution](random.Random(8), 40, 3, 100)
+    args = {
+        "per_device_train_batch_size": 4,
+        "num_generations": 2,
+        "gradient_accumulation_steps": 3,
+        "num_iterations": 2,
+        "max_completion_length": 48,
+        "pad_to_multiple_of": 16,
+        "seed": 13,
+    }
+    config = GRPOConfig(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **args})
+    trainer = GRPOTrainer(
+        model=init_model(tiny_model_dir),
+        reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": [words(p) for p in prompts]}),
+        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+    )
+    generate_every = config.steps_per_generation * config.num_iterations
+    completion = 37
+    truth = []
+    loader = trainer.get_train_dataloader()
+    for _ in range(2):
+        padded = real = 0
+        for step, batch in enumerate(loader):
+            if step % generate_every:
+                continue  # the buffered generation batch is reused
+            prompt_ids, _, _ = trainer._tokenize_prompts([x["prompt"] for x in batch])
+            masks = [
+                pad([torch.ones(len(ids), dtype=torch.long) for ids in prompt_ids], 0, "left", 16),
+                pad([torch.ones(completion, dtype=torch.long) for _ in prompt_ids], 0, "right", 16),
+            ]
+            padded += sum(m.numel() for m in masks)
+            real += sum(int(m.sum()) for m in masks)
+        truth.append((padded, real))
+
+    data = DatasetLengths(train=SplitLengths.of(prompt=prompts))
+    advice = advise(spec_for("grpo", tiny_model_dir, args), data, completion_tokens=completion)
+    assert (advice.current.padded_tokens, advice.current.real_tokens) == truth[0]
+    assert _epochs("grpo", tiny_model_dir, args, 1, data, 2, completion_tokens=completion) == truth
+
+
+def _epochs(trainer, model_dir, args, world_size, data, count, **kwargs) -> list[tuple[int, int]]:
+    """The advisor's replay of the first `count` epochs, as (padded, real) tokens."""
+    from warmup.advise import _geometry, _prepare, _Setting
+    from warmup.trl_args import resolve_trainer_args
+
+    spec = spec_for(trainer, model_dir, args, world_size)
+    resolved = resolve_trainer_args(spec)
+    max_length = None if trainer == "grpo" else resolved.max_length
+    split = _prepare(spec, resolved, data.train, _Setting(resolved.pad_to_multiple_of, max_length, None))
+    stream = epochs(split, _geometry(spec, resolved, kwargs.get("completion_tokens"), []))
+    return [(epoch.padded, epoch.real) for epoch, _ in zip(stream, range(count), strict=False)]
+
+
+def test_sampler_order_is_the_trainers(tiny_model_dir, tmp_path):
+    """Not just the totals: the replayed first batch holds the very examples the Trainer's first batch holds."""
+    from datasets import Dataset
+
+    from warmup.advise.simulate import epoch_order
+
+    lengths = list(range(1, 41))  # example i has i tokens: a batch's lengths name its examples
+    dataset = Dataset.from_dict({"input_ids": [[7] * n for n in lengths]})
+    args = {"per_device_train_batch_size": 5, "max_length": 64, "data_seed": 123}
+    batch = next(iter(build_sft(tiny_model_dir, tmp_path, args, dataset).get_train_dataloader()))
+    seen = sorted(int(row.sum()) for row in batch["attention_mask"])
+    order = epoch_order(len(lengths), 123, 0, sequential=False)
+    assert seen == sorted(np.asarray(lengths)[order[:5]].tolist())

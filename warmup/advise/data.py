@@ -1,0 +1,240 @@
+"""Per-example token lengths of a dataset, and what TRL's preprocessing does to them under one setting.
+
+The advisor works from the length of every example as TRL's preprocessing leaves it before truncation
+(templated and tokenized with the model's tokenizer, EOS included): `prompt` and `completion` per example,
+and `rejected` for preference data. What counts as a row, what max_length cuts and which examples TRL
+drops depend on the trainer (TRL 1.16.0):
+
+- SFT: one row of prompt + completion per example (language-modelling text: prompt 0), cut at max_length
+  in preparation; with completion-only loss, an example whose prompt alone fills max_length is dropped
+  (keep_start: every label would be -100).
+- DPO: two rows per example, prompt + chosen and prompt + rejected, each cut at max_length by the collator;
+  an example whose prompt alone fills max_length is dropped (keep_start).
+- Reward: two rows per example like DPO, but a pair with a row longer than max_length is dropped, not cut.
+- GRPO / RLOO: one prompt per example, never truncated by TRL; an advised `max_prompt_length` means
+  dropping the longer prompts from the dataset before training (TRL 1.16 has no such setting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from warmup.errors import SpecError
+
+PREFERENCE_TRAINERS = frozenset({"dpo", "reward"})
+ONLINE_TRAINERS = frozenset({"grpo", "rloo"})
+ADVISED_TRAINERS = frozenset({"sft", *PREFERENCE_TRAINERS, *ONLINE_TRAINERS})
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitLengths:
+    """Token lengths of one split, one entry per example, in dataset order."""
+
+    prompt: np.ndarray  # prompt tokens (0 for plain language-modelling text)
+    completion: np.ndarray  # completion tokens (SFT: the whole text when prompt is 0; DPO/Reward: chosen)
+    rejected: np.ndarray | None = None  # DPO / Reward: rejected completion tokens
+
+    def __post_init__(self) -> None:
+        sizes = {len(self.prompt), len(self.completion)} | (
+            {len(self.rejected)} if self.rejected is not None else set()
+        )
+        if len(sizes) != 1:
+            raise SpecError("the dataset's length lists differ in size", loc="dataset")
+
+    @classmethod
+    def of(
+        cls,
+        prompt: Sequence[int] | None = None,
+        completion: Sequence[int] | None = None,
+        rejected: Sequence[int] | None = None,
+    ) -> SplitLengths:
+        size = len(prompt if prompt is not None else completion or [])
+        as_array = lambda values: np.asarray(values if values is not None else [0] * size, dtype=np.int64)  # noqa: E731
+        return cls(
+            prompt=as_array(prompt),
+            completion=as_array(completion),
+            rejected=None if rejected is None else as_array(rejected),
+        )
+
+    def __len__(self) -> int:
+        return len(self.prompt)
+
+    def select(self, keep: np.ndarray) -> SplitLengths:
+        """The examples where `keep` is true, in order (what `datasets.Dataset.filter` leaves)."""
+        return SplitLengths(
+            prompt=self.prompt[keep],
+            completion=self.completion[keep],
+            rejected=None if self.rejected is None else self.rejected[keep],
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetLengths:
+    """A dataset's train split (and eval split, when known) as token lengths."""
+
+    train: SplitLengths
+    eval: SplitLengths | None = None
+    source: str = ""  # where the lengths came from, for messages and reports
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedSplit:
+    """One split as the trainer sees it under one setting: rows after TRL's cuts and drops."""
+
+    rows: np.ndarray  # (examples, rows per example) row lengths after truncation; GRPO: the prompt lengths
+    full_rows: np.ndarray  # the same rows before truncation (the planner's data facts)
+    prompts: np.ndarray  # prompt tokens of the kept examples
+    truncated: int  # kept examples with at least one row cut
+    dropped: int  # examples TRL (or the advised prompt filter) removes
+
+    @property
+    def examples(self) -> int:
+        return len(self.rows)
+
+
+def prepare(
+    split: SplitLengths,
+    trainer: str,
+    *,
+    max_length: int | None,
+    completion_only_loss: bool,
+    keep_start: bool = True,
+    max_prompt_length: int | None = None,
+) -> PreparedSplit:
+    """Apply TRL's truncation and filtering for `trainer` at this max_length (see the module docstring)."""
+    prompt = split.prompt
+    if trainer in ONLINE_TRAINERS:
+        keep = np.ones(len(prompt), bool) if max_prompt_length is None else prompt <= max_prompt_length
+        kept = prompt[keep]
+        return PreparedSplit(
+            rows=kept[:, None],
+            full_rows=kept[:, None],
+            prompts=kept,
+            truncated=0,
+            dropped=int((~keep).sum()),
+        )
+    if trainer in PREFERENCE_TRAINERS:
+        if split.rejected is None:
+            raise SpecError(
+                f"the {trainer} trainer needs preference data: give each example's rejected length",
+                loc="dataset",
+            )
+        full = np.stack([prompt + split.completion, prompt + split.rejected], axis=1)
+    else:
+        full = (prompt + split.completion)[:, None]
+    if max_length is None:
+        keep = np.ones(len(prompt), bool)
+    elif trainer == "reward":
+        keep = (full <= max_length).all(axis=1)  # RewardTrainer filters over-long pairs out
+    elif trainer == "dpo":
+        keep = prompt < max_length if keep_start else np.ones(len(prompt), bool)
+    else:  # sft: dropped when truncation leaves every label at -100
+        keep = prompt < max_length if (completion_only_loss and keep_start) else np.ones(len(prompt), bool)
+    full = full[keep]
+    rows = full if max_length is None else np.minimum(full, max_length)
+    return PreparedSplit(
+        rows=rows,
+        full_rows=full,
+        prompts=prompt[keep],
+        truncated=int((rows < full).any(axis=1).sum()),
+        dropped=int((~keep).sum()),
+    )
+
+
+def data_facts(trainer: str, train: PreparedSplit, eval_split: PreparedSplit | None) -> dict[str, Any]:
+    """The spec's `data` facts for the kept examples, as the planner reads them.
+
+    Rows before truncation: the planner applies max_length itself. GRPO / RLOO: prompt bounds only.
+    """
+    facts: dict[str, Any] = {"num_train_examples": train.examples}
+    if eval_split is not None:
+        facts["num_eval_examples"] = eval_split.examples
+    splits = [s for s in (train, eval_split) if s is not None and s.examples]
+    if not train.examples:
+        raise SpecError("no training example is left under this setting", loc="dataset")
+    prompts = np.concatenate([s.prompts for s in splits])
+    if trainer in ONLINE_TRAINERS:
+        facts["max_prompt_tokens"] = int(prompts.max())
+        facts["min_prompt_tokens"] = int(max(prompts.min(), 1))
+        return facts
+    rows = np.concatenate([s.full_rows.ravel() for s in splits])
+    values, counts = np.unique(rows, return_counts=True)
+    facts["length_histogram"] = {int(v): int(c) for v, c in zip(values, counts, strict=True)}
+    facts["max_tokens"] = int(values[-1])
+    facts["min_tokens"] = int(values[0])
+    if prompts.max() > 0:
+        facts["max_prompt_tokens"] = int(min(prompts.max(), values[-1]))
+        facts["min_prompt_tokens"] = int(max(prompts.min(), 1))
+    return facts
+
+
+# --- reading lengths ---------------------------------------------------------------------------------
+
+
+def load_lengths(path: str | Path) -> DatasetLengths:
+    """Read a lengths file: JSON `{"train": [...], "eval": [...]}` (eval optional).
+
+    Each example is an integer (the whole text, in tokens) or an object with `prompt`, `completion` and,
+    for preference data, `rejected` (tokens, EOS included, as TRL's preprocessing leaves them).
+    """
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except OSError as error:
+        raise SpecError(
+            f"cannot read the dataset lengths file {path}: {error.strerror}", loc="dataset"
+        ) from None
+    except json.JSONDecodeError as error:
+        raise SpecError(f"{path} is not JSON: {error}", loc="dataset") from None
+    if isinstance(document, list):
+        document = {"train": document}
+    if not isinstance(document, dict) or "train" not in document:
+        raise SpecError(
+            f'{path}: expected {{"train": [...], "eval": [...]}} with one entry per example', loc="dataset"
+        )
+    eval_examples = document.get("eval")
+    return DatasetLengths(
+        train=parse_split(document["train"], "dataset.train"),
+        eval=parse_split(eval_examples, "dataset.eval") if eval_examples else None,
+        source=str(path),
+    )
+
+
+def parse_split(examples: Any, loc: str) -> SplitLengths:
+    if not isinstance(examples, list) or not examples:
+        raise SpecError("expected a non-empty list of examples", loc=loc)
+    prompt, completion, rejected = [], [], []
+    for index, example in enumerate(examples):
+        if isinstance(example, int) and not isinstance(example, bool):
+            example = {"completion": example}
+        if not isinstance(example, dict):
+            raise SpecError(
+                "an example is a token count or {prompt, completion, rejected}", loc=f"{loc}.{index}"
+            )
+        values = {}
+        for key in ("prompt", "completion", "rejected"):
+            value = example.get(key, 0 if key != "rejected" else None)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise SpecError(f"{key} must be a non-negative token count", loc=f"{loc}.{index}.{key}")
+            values[key] = value
+        if values["prompt"] + values["completion"] <= 0:
+            raise SpecError("an example has no tokens", loc=f"{loc}.{index}")
+        prompt.append(values["prompt"])
+        completion.append(values["completion"])
+        rejected.append(values["rejected"])
+    has_rejected = [r is not None for r in rejected]
+    if any(has_rejected) and not all(has_rejected):
+        raise SpecError("either every example has a rejected length or none has", loc=loc)
+    return SplitLengths.of(prompt, completion, rejected if all(has_rejected) else None)
+
+
+def from_histogram(histogram: dict[int, int]) -> SplitLengths:
+    """Lengths from a spec's `data.length_histogram` (SFT rows; the dataset order is unknown)."""
+    lengths = [length for length, count in sorted(histogram.items()) for _ in range(count)]
+    return SplitLengths.of(completion=lengths)
