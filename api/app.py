@@ -14,9 +14,9 @@ from api.routes import blobs, coverage, health, manifests, metrics, plans, statu
 from api.routes.metrics import Metrics, PullCounter
 from api.schemas import ManifestRequest
 from api.services import Services
-from api.settings import Settings
 from api.stats import Stats
 from warmup import __version__
+from warmup.settings import Settings
 
 
 def create_app(settings: Settings | None = None, *, services: Services | None = None) -> FastAPI:

@@ -19,7 +19,6 @@ from typing import Generic, TypeVar
 
 from sqlalchemy import Engine, text
 
-from api.settings import Settings
 from warmup.db.engine import make_engine
 from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
@@ -27,6 +26,7 @@ from warmup.db.repository import Repository
 from warmup.db.tokens import TokenStore
 from warmup.errors import PlanTooLargeError
 from warmup.planner import plan_spec
+from warmup.settings import Settings
 from warmup.signature import Plan
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store

@@ -46,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.services import Services
-from api.settings import Settings
+from warmup.settings import Settings
 from tests.support.live_server import serve
 from tests.support.pods import publish
 from tests.support.seaweed import seaweedfs

@@ -8,7 +8,7 @@ lease. A failed rehearsal is retried with backoff by the queue, then recorded wi
 When a task completes a job (every signature ready), the worker publishes the job's manifest into
 the bucket, after its blobs, so that pods with bucket credentials can pull while the API is down.
 
-Workers meet the API only in the database and the blob store (see DESIGN.md).
+Workers meet the API only in the database and the blob store (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -34,6 +35,7 @@ from warmup.db.records import ClaimedTask, FileRef, Keyed
 from warmup.db.repository import Repository, pool_entry
 from warmup.errors import LeaseLostError, RehearsalError, StoreError, WarmupError
 from warmup.logs import log_context
+from warmup.settings import Settings
 from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
@@ -62,6 +64,26 @@ class WorkerOptions:
     retry_delay_s: float = 30.0  # before the 2nd attempt; doubles after each failure
     world_sizes: tuple[int, ...] = (1,)  # jobs of these many processes are rehearsed (torchrun beyond 1)
     max_tasks: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> WorkerOptions:
+        """The options of a worker started with these settings (the command line's, or `serve`'s)."""
+        values: dict[str, Any] = {
+            "database_url": settings.resolved_database_url,
+            "store_url": settings.resolved_store_url,
+            "backend": settings.backend,
+            "device": settings.worker_device(),
+            "pool": settings.pool,
+            "lease_s": settings.lease_s,
+            "poll_s": settings.poll_interval_s,
+            "task_timeout_s": settings.task_timeout_s,
+            "grace_s": settings.grace_s,
+            "exit_when_idle": settings.exit_when_idle,
+            "max_attempts": settings.max_attempts,
+            "retry_delay_s": settings.retry_delay_s,
+            "world_sizes": settings.world_sizes,
+        }
+        return cls(**{**values, **overrides})
 
 
 @dataclass

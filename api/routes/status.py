@@ -23,9 +23,9 @@ from markupsafe import Markup
 from api.deps import ServicesDep, authorize, bearer_token
 from api.stats import CacheRow, CoveragePoint, Stats
 from warmup import __version__
-from warmup.cli import format_duration
 from warmup.db.records import JobStatus, SignatureStatus
 from warmup.db.repository import Repository
+from warmup.formatting import format_duration
 from warmup.signature import Signature
 
 router = APIRouter(tags=["status"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from api.services import Services
-from api.settings import Settings
+from warmup.settings import Settings
 from tests.e2e.helpers import write_spec
 from tests.support.live_server import serve
 from warmup.client import ServiceClient

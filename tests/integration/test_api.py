@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.services import Services
-from api.settings import Settings
+from warmup.settings import Settings
 from tests.fixtures.factories import cpu_toolchain
 from tests.support.live_server import serve
 from tests.support.tiny_model import write_tiny_model

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from api.services import Services
-from api.settings import Settings
+from warmup.settings import Settings
 from tests.support.live_server import serve
 from tests.support.pods import HostileService, hostile_manifest, hostile_service, play_worker, publish
 from tests.support.tiny_model import write_tiny_model
@@ -106,7 +106,7 @@ def _keyed(document):
 
 def cache_files(directory: Path) -> set[str]:
     """The files in a cache dir, the pull's own bookkeeping left out (after a successful CLI pull, the
-    CPU ISA probes Inductor builds are there too: see cli_pod._isa_probes_into)."""
+    CPU ISA probes Inductor builds are there too: see warmup.cli.pod._isa_probes_into)."""
     if not directory.exists():
         return set()
     return {

@@ -102,6 +102,30 @@ def test_four_worker_processes_do_twenty_tasks_exactly_once(pg_url, tmp_path, mo
     engine.dispose()
 
 
+def test_a_supervisor_re_executes_itself_once_per_process(pg_url, tmp_path, model_dir):
+    """`--concurrency 2` starts two worker processes, each the same command with its own arguments
+    (and the settings the environment gives), which share the queue: every task done once."""
+    engine = make_engine(pg_url)
+    toolchain = current_toolchain("inductor", "cpu")
+    result = TaskQueue(engine).submit_job(
+        Keyed.of(spec_of(model_dir)), Keyed.of(toolchain), [Keyed.of(s) for s in eager_signatures(6)]
+    )
+    command = worker_command(pg_url, "IGNORED", "--concurrency", "2")
+    command[command.index("IGNORED") - 1 : command.index("IGNORED") + 1] = []  # the store from the env
+    env = {**os.environ, "WARMUP_STORE_URL": str(tmp_path / "blobs")}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    workers = {
+        line.split(" ready for ")[0].split()[-1] for line in done.stderr.splitlines() if " ready for " in line
+    }
+    assert len(workers) == 2, done.stderr
+    with engine.connect() as connection:
+        tasks = connection.execute(select(m.Task.state, m.Task.attempts)).all()
+    assert len(tasks) == 6 and {(t.state, t.attempts) for t in tasks} == {(m.TaskState.done, 1)}
+    assert Repository(engine).job_status(result.job_id).state == "ready"
+    engine.dispose()
+
+
 def test_a_worker_registers_its_pool_per_world_size(sqlite_url, tmp_path):
     options = WorkerOptions(
         database_url=sqlite_url,

@@ -32,7 +32,7 @@ from botocore.configprovider import BOTOCORE_DEFAUT_SESSION_VARIABLES
 from botocore.credentials import EnvProvider
 from dockerfile_parse import DockerfileParser
 
-from api.settings import Settings
+from warmup.settings import Settings
 from tests.fixtures.services import _die_with_parent, _weed_binary, free_port
 from warmup import logs
 from warmup.cli import build_parser

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import create_app
 from api.services import Services
-from api.settings import Settings
+from warmup.settings import Settings
 from tests.fixtures import factories
 from warmup.db.tokens import TokenStore
 

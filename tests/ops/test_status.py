@@ -15,7 +15,7 @@ from PIL import Image
 from sqlalchemy import update
 
 from api.services import Services
-from api.settings import Settings
+from warmup.settings import Settings
 from tests.fixtures import factories
 from tests.ops.chromium import Chromium, ensure_chromium
 from tests.support.live_server import serve

@@ -41,7 +41,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from api.services import Services
-from api.settings import Settings
+from warmup.settings import Settings
 from tests.fixtures.factories import artifact, eager_signatures, one_signature_sft
 from tests.fixtures.services import PostgresServer, _postgres_bindir, _tail, free_port
 from tests.reliability.audit import audit_store

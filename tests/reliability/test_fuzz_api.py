@@ -30,7 +30,7 @@ from schemathesis.checks import CHECKS
 
 from api.app import create_app
 from api.services import Services
-from api.settings import Settings
+from warmup.settings import Settings
 from tests.fixtures.factories import cpu_toolchain
 from tests.reliability.ledger import Row, record
 from tests.support.tiny_model import write_tiny_model

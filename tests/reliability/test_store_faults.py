@@ -27,7 +27,7 @@ import pytest
 from sqlalchemy import select
 
 from api.services import Services
-from api.settings import Settings
+from warmup.settings import Settings
 from tests.reliability.audit import audit_store
 from tests.reliability.ledger import Row, record
 from tests.support.fault_proxy import FaultProxy

@@ -495,7 +495,7 @@ def _publish(
     store_url: str,
 ) -> dict[str, str]:
     from api.services import Services
-    from api.settings import Settings
+    from warmup.settings import Settings
     from warmup.spec import load_spec
     from warmup.toolchain import Toolchain
 

@@ -16,7 +16,17 @@ from warmup import client
 from warmup._sitecustomize import DIRECTORY
 from warmup.cli import build_parser
 
-SERVER_PACKAGES = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg", "boto3", "botocore")
+SERVER_PACKAGES = (
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "sqlalchemy",
+    "alembic",
+    "psycopg",
+    "boto3",
+    "botocore",
+    "pydantic_settings",
+)
 NOT_IN_THE_BASE_INSTALL = (*SERVER_PACKAGES, "httpx")  # the base install: pydantic, pyyaml, certifi
 
 
@@ -33,7 +43,7 @@ def test_the_pod_side_runs_without_any_server_package():
     """A training image has the base install only: the client side imports and builds its CLI there."""
     modules = imported_after(
         "import warmup.spec, warmup.toolchain, warmup.client, warmup.callback, warmup.manifest\n"
-        "from warmup.cli import build_parser; build_parser().parse_args(['pull', 'x.yaml', '--dest', 'd'])",
+        "from warmup.cli import build_parser; build_parser('pull').parse_args(['pull', 'x.yaml', '--dest', 'd'])",
         absent=NOT_IN_THE_BASE_INSTALL,
     )
     assert "warmup.callback" in modules and "transformers" in modules  # the check did import them
@@ -43,7 +53,7 @@ def test_the_client_side_imports_no_server_package_even_when_installed():
     # warmup.callback is left out: transformers imports accelerate, which imports boto3 when it is
     # installed (for SageMaker); that is theirs, and the test above shows the callback needs none.
     modules = imported_after(
-        "import warmup.spec, warmup.toolchain, warmup.client, warmup.manifest, warmup.cli_pod"
+        "import warmup.spec, warmup.toolchain, warmup.client, warmup.manifest, warmup.cli.pod"
     )
     assert sorted({m.split(".")[0] for m in modules} & set(NOT_IN_THE_BASE_INSTALL)) == []
     assert "torch" not in modules and "transformers" not in modules  # `warmup pull` starts fast

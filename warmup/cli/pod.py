@@ -1,4 +1,4 @@
-"""The training-pod side of the `warmup` command: pull, exec, coverage.
+"""The training pod's commands: pull, exec, coverage.
 
 These run in training images that have only the base install: nothing here imports fastapi,
 sqlalchemy or boto3 (boto3 is imported only by `pull --from s3://...`, when it runs).
@@ -21,14 +21,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from warmup.cli.common import add_spec_arguments, load_spec_from_args
 from warmup.errors import WarmupError
+from warmup.formatting import format_table
 
 DEFAULT_PARALLEL = 16
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from warmup.cli import add_spec_arguments
-
     pull = sub.add_parser(
         "pull", help="install the warmed compile cache of a job into a local directory (training pods)"
     )
@@ -127,8 +127,6 @@ class _ExecCommand(argparse.Action):
 
 
 def cmd_pull(ns: argparse.Namespace) -> int:
-    from warmup.cli import load_spec_from_args
-
     spec = load_spec_from_args(ns)
     result = _pull(ns, spec)
     if ns.print_env:
@@ -314,8 +312,6 @@ def training_process_environment(manifest: Any, dest: Any, world_size: int) -> d
 
 
 def cmd_exec(ns: argparse.Namespace) -> int:
-    from warmup.cli import load_spec_from_args
-
     if not ns.argv:
         raise WarmupError("give the command to run after `--`: warmup exec SPEC --dest DIR -- CMD ...")
     spec = load_spec_from_args(ns)
@@ -373,7 +369,6 @@ class _Unreachable:
 
 
 def cmd_coverage(ns: argparse.Namespace) -> int:
-    from warmup.cli import format_table
     from warmup.client import ServiceClient, signature_label
 
     if not ns.server:

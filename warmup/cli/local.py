@@ -1,68 +1,32 @@
-"""The `warmup` command.
-
-Each subcommand imports what it needs when it runs, so `warmup pull` on a training pod starts fast
-and needs only the base install. Errors a user can cause print as one line and exit non-zero
-(2: invalid spec); they never print a traceback.
-"""
+"""Commands that work on this machine: `warmup plan` and `warmup warm`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
 from typing import Any
 
-from warmup.errors import WarmupError
-
-Command = Callable[[argparse.Namespace], int]
-
-
-def format_duration(seconds: float) -> str:
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+from warmup.cli.common import add_spec_arguments, load_spec_from_args
+from warmup.formatting import format_duration, format_size, format_table
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[int] | None = None) -> str:
-    """A plain-text table: columns padded to their widest cell, numbers right-aligned."""
-    right = right or set()
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = []
-    for row in cells:
-        parts = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row)]
-        lines.append("  ".join(parts).rstrip())
-    return "\n".join(lines)
-
-
-# --- spec arguments shared by every command that takes a SPEC ---------------------------------
-
-
-def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("spec", help="spec file (YAML/JSON), or the YAML of `trl <trainer> --config`")
-    parser.add_argument("--trainer", help="trainer kind, for a TRL CLI config that does not say it")
-    parser.add_argument(
-        "--backend", choices=["neuron", "inductor"], help="override the spec's target backend"
+def register(sub: argparse._SubParsersAction) -> None:
+    plan = sub.add_parser(
+        "plan", help="list every signature (shape and static-cache size) a job will compile"
     )
-    parser.add_argument(
-        "--device", choices=["neuron", "cuda", "cpu"], help="override the spec's target device"
-    )
-    parser.add_argument("--world-size", type=int, help="override the spec's number of training processes")
+    add_spec_arguments(plan)
+    plan.add_argument("--format", choices=["table", "json"], default="table")
+    plan.set_defaults(func=cmd_plan)
 
-
-def load_spec_from_args(ns: argparse.Namespace):
-    from warmup.spec import load_spec
-
-    target = {
-        key: value
-        for key, value in (("backend", ns.backend), ("device", ns.device), ("world_size", ns.world_size))
-        if value is not None
-    }
-    return load_spec(ns.spec, trainer=ns.trainer, target=target or None)
+    warm = sub.add_parser("warm", help="compile every signature of a job into a local cache directory")
+    add_spec_arguments(warm)
+    warm.add_argument("--cache-dir", required=True, help="cache directory to fill (a pod uses it directly)")
+    warm.add_argument("--timeout", type=float, default=1800.0, help="seconds one rehearsal run may take")
+    warm.add_argument("--jobs", type=int, default=1, help="rehearsal runs at once (each uses every core)")
+    warm.add_argument("--work-dir", help="scratch directory for the runs (default: next to the cache dir)")
+    warm.add_argument("--keep-work", action="store_true", help="keep the per-run directories and logs")
+    warm.set_defaults(func=cmd_warm)
 
 
 # --- warmup plan --------------------------------------------------------------------------------
@@ -94,14 +58,6 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
 
 # --- warmup warm --------------------------------------------------------------------------------
-
-
-def format_size(size: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GB"
 
 
 class WarmProgress:
@@ -190,53 +146,3 @@ def cmd_warm(ns: argparse.Namespace) -> int:
         )
     print(f"\nwarmed {len(report.results)} signature(s) into {report.cache_dir}")
     return 0
-
-
-# --- wiring -------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="warmup",
-        description="Pre-warm compile caches for TRL training jobs (Trainium and torch.compile).",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    plan = sub.add_parser(
-        "plan", help="list every signature (shape and static-cache size) a job will compile"
-    )
-    add_spec_arguments(plan)
-    plan.add_argument("--format", choices=["table", "json"], default="table")
-    plan.set_defaults(func=cmd_plan)
-
-    warm = sub.add_parser("warm", help="compile every signature of a job into a local cache directory")
-    add_spec_arguments(warm)
-    warm.add_argument("--cache-dir", required=True, help="cache directory to fill (a pod uses it directly)")
-    warm.add_argument("--timeout", type=float, default=1800.0, help="seconds one rehearsal run may take")
-    warm.add_argument("--jobs", type=int, default=1, help="rehearsal runs at once (each uses every core)")
-    warm.add_argument("--work-dir", help="scratch directory for the runs (default: next to the cache dir)")
-    warm.add_argument("--keep-work", action="store_true", help="keep the per-run directories and logs")
-    warm.set_defaults(func=cmd_warm)
-
-    from warmup import cli_pod, cli_service
-
-    cli_service.register(sub)
-    cli_pod.register(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    ns = parser.parse_args(argv)
-    try:
-        return ns.func(ns)
-    except WarmupError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return error.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

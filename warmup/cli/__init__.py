@@ -1,0 +1,55 @@
+"""The `warmup` command: one module per command group, and nothing in the project imports them.
+
+- `local`: plan and warm on this machine;
+- `submit`: submit a job to the service (CI pre-warming), print this machine's toolchain;
+- `pod`: pull, exec and coverage, for training pods (base install only);
+- `service`: serve, worker, token and gc, for the service's own machines.
+
+Each command imports what it needs when it runs, so `warmup pull` on a training pod starts fast and
+needs only the base install. Errors a user can cause print as one line and exit non-zero (2: invalid
+spec); they never print a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from warmup.cli import local, pod, service, submit
+from warmup.errors import WarmupError
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `command`, the service's commands get their options only when it is
+    one of them: those options come from the server's settings class, whose import (pydantic-settings,
+    0.2-0.3 s) a training pod's `warmup pull` must not pay."""
+    parser = argparse.ArgumentParser(
+        prog="warmup",
+        description="Pre-warm compile caches for TRL training jobs (Trainium and torch.compile).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    local.register(sub)
+    service.register(sub, with_options=command is None or command in service.COMMANDS)
+    submit.register(sub)
+    pod.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
+    ns = parser.parse_args(argv)
+    ns.command_argv = argv[1:]  # the command's own arguments (a worker supervisor re-executes with them)
+    try:
+        return int(ns.func(ns))
+    except WarmupError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

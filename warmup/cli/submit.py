@@ -1,0 +1,166 @@
+"""Submit a job to the service (CI pre-warming) and follow it; print this machine's toolchain."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from warmup.cli.common import add_spec_arguments, load_spec_from_args
+from warmup.errors import WarmupError
+from warmup.formatting import format_duration
+
+# `warmup submit` exit codes that CI can branch on.
+EXIT_READY, EXIT_INVALID, EXIT_FAILED, EXIT_TIMEOUT = 0, 2, 3, 4
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    submit = sub.add_parser("submit", help="submit a spec for warming (CI pre-warming); --wait follows it")
+    add_spec_arguments(submit)
+    submit.add_argument(
+        "--server", default=os.environ.get("WARMUP_SERVER"), help="service URL (WARMUP_SERVER)"
+    )
+    target = submit.add_mutually_exclusive_group()
+    target.add_argument("--pool", help="warm for the toolchain of this worker pool (e.g. the Trainium pool)")
+    target.add_argument(
+        "--toolchain", type=Path, help="a toolchain JSON (from `warmup toolchain` on the training image)"
+    )
+    submit.add_argument("--wait", action="store_true", help="wait until every signature is warm or failed")
+    submit.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait (exit code 4 past it)")
+    submit.add_argument(
+        "--retry-failed", action="store_true", help="queue again signatures that failed before"
+    )
+    submit.set_defaults(func=cmd_submit)
+
+    toolchain = sub.add_parser(
+        "toolchain", help="print this environment's toolchain (what must match for a hit)"
+    )
+    toolchain.add_argument("--backend", choices=["neuron", "inductor"], default="inductor")
+    toolchain.add_argument("--device", choices=["neuron", "cuda", "cpu"], default=None)
+    toolchain.set_defaults(func=cmd_toolchain)
+
+
+# --- toolchain --------------------------------------------------------------------------------
+
+
+def cmd_toolchain(ns: argparse.Namespace) -> int:
+    from warmup.toolchain import current_toolchain
+
+    device = ns.device or ("neuron" if ns.backend == "neuron" else "cpu")
+    print(json.dumps(current_toolchain(ns.backend, device).model_dump(mode="json"), indent=2))
+    return 0
+
+
+# --- submit -----------------------------------------------------------------------------------
+
+
+def cmd_submit(ns: argparse.Namespace) -> int:
+    from warmup.client import ServiceClient
+
+    if not ns.server:
+        raise WarmupError("give the service URL: --server URL (or WARMUP_SERVER)")
+    spec = load_spec_from_args(ns)
+    toolchain: dict[str, Any] | None = None
+    if ns.toolchain is not None:
+        toolchain = json.loads(ns.toolchain.read_text())
+    elif ns.pool is None:
+        from warmup.toolchain import current_toolchain
+
+        target = spec.target
+        toolchain = current_toolchain(target.backend, target.device, world_size=target.world_size).model_dump(
+            mode="json"
+        )
+    with ServiceClient(ns.server) as client:
+        job = client.submit(
+            spec.model_dump(mode="json"), toolchain=toolchain, pool=ns.pool, retry_failed=ns.retry_failed
+        )
+        print(f"job {job['id']}: {_counts_line(job)}", file=sys.stderr)
+        if not ns.wait:
+            print(job["id"])
+            return _exit_code(job)
+        return _follow(client, job, ns.timeout)
+
+
+def _follow(client: Any, job: dict[str, Any], timeout: float) -> int:
+    """Poll the job until it is ready or failed, showing progress; exit codes for CI."""
+    from warmup.client import signature_label
+
+    started = time.monotonic()
+    progress = _ProgressLine(sys.stderr)
+    while job["state"] not in ("ready", "failed"):
+        elapsed = time.monotonic() - started
+        if elapsed > timeout:
+            progress.done()
+            print(f"timed out after {timeout:.0f}s: {_counts_line(job)}", file=sys.stderr)
+            return EXIT_TIMEOUT
+        progress.show(f"{_counts_line(job)} | elapsed {format_duration(elapsed)}{_remaining(job)}")
+        time.sleep(2.0)
+        job = client.job(job["id"])
+    progress.done()
+    print(
+        f"job {job['id']} {job['state']}: {_counts_line(job)} in {format_duration(time.monotonic() - started)}",
+        file=sys.stderr,
+    )
+    for signature in job.get("signatures", []):
+        if signature["state"] == "failed":
+            label = signature_label(signature.get("signature") or {})
+            print(
+                f"  failed: {label}: {signature.get('error')} (log: GET /v1/tasks/{signature['task_id']}/log)",
+                file=sys.stderr,
+            )
+    return _exit_code(job)
+
+
+def _exit_code(job: dict[str, Any]) -> int:
+    return EXIT_FAILED if job["state"] == "failed" else EXIT_READY
+
+
+def _counts_line(job: dict[str, Any]) -> str:
+    counts = job.get("counts", {})
+    total = sum(counts.values())
+    return (
+        f"{counts.get('ready', 0)}/{total} ready, {counts.get('running', 0)} running, "
+        f"{counts.get('queued', 0)} queued, {counts.get('failed', 0)} failed"
+    )
+
+
+def _remaining(job: dict[str, Any]) -> str:
+    """Remaining time from the compile seconds of what is done, spread over the running workers."""
+    done = [
+        s["compile_seconds"]
+        for s in job.get("signatures", [])
+        if s["state"] == "ready" and s["compile_seconds"]
+    ]
+    counts = job.get("counts", {})
+    left = counts.get("queued", 0) + counts.get("running", 0)
+    if not done or not left:
+        return ""
+    parallel = max(1, counts.get("running", 0))
+    return f" | ~{format_duration(sum(done) / len(done) * left / parallel)} left"
+
+
+class _ProgressLine:
+    """One refreshed line on a terminal; a line every 15 s (or on change) in CI logs."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last_text = ""
+        self.last_time = 0.0
+
+    def show(self, text: str) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+        elif text.split(" | ")[0] != self.last_text.split(" | ")[0] or time.monotonic() - self.last_time > 15:
+            print(text, file=self.stream, flush=True)
+            self.last_time = time.monotonic()
+        self.last_text = text
+
+    def done(self) -> None:
+        if self.tty and self.last_text:
+            self.stream.write("\n")
