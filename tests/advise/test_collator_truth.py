@@ -19,8 +19,7 @@ from tests.support.length_data import DISTRIBUTIONS
 from tests.support.preference_runs import pair
 from tests.support.shape_recorder import CPU_ARGS
 from tests.support.tiny_model import init_model, words
-from warmup.advise import DatasetLengths, SplitLengths, advise
-from warmup.advise.simulate import epochs
+from warmup.advise import DatasetLengths, SplitLengths, advise, replay_epochs
 from warmup.spec import load_spec
 
 
@@ -252,15 +251,8 @@ def test_grpo_prompt_and_completion_padding(tiny_model_dir, tmp_path, distributi
 
 def _epochs(trainer, model_dir, args, world_size, data, count, **kwargs) -> list[tuple[int, int]]:
     """The advisor's replay of the first `count` epochs, as (padded, real) tokens."""
-    from warmup.advise import _geometry, _prepare, _Setting
-    from warmup.trl_args import resolve_trainer_args
-
     spec = spec_for(trainer, model_dir, args, world_size)
-    resolved = resolve_trainer_args(spec)
-    max_length = None if trainer == "grpo" else resolved.max_length
-    split = _prepare(spec, resolved, data.train, _Setting(resolved.pad_to_multiple_of, max_length, None))
-    stream = epochs(split, _geometry(spec, resolved, kwargs.get("completion_tokens"), []))
-    return [(epoch.padded, epoch.real) for epoch, _ in zip(stream, range(count), strict=False)]
+    return [(epoch.padded, epoch.real) for epoch in replay_epochs(spec, data, count, **kwargs)]
 
 
 def test_sampler_order_is_the_trainers(tiny_model_dir, tmp_path):

@@ -19,7 +19,7 @@ The recommendation is the option with the least projected time.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,7 +36,7 @@ from warmup.advise.data import (
     load_lengths,
     prepare,
 )
-from warmup.advise.simulate import Geometry, JobWork, job_work
+from warmup.advise.simulate import EpochWork, Geometry, JobWork, epochs, job_work
 from warmup.errors import PlanTooLargeError, SpecError
 from warmup.model_facts import read_model_facts
 from warmup.planner import plan_spec
@@ -55,6 +55,7 @@ __all__ = [
     "SplitLengths",
     "advise",
     "load_lengths",
+    "replay_epochs",
 ]
 
 
@@ -117,7 +118,7 @@ def advise(
     multiples: Sequence[int | None] | None = None,
     max_truncated: float = 0.0,
     completion_tokens: int | None = None,
-    compile_costs: CompileCosts | None = None,
+    compile_costs: CompileCosts | Callable[[list[Signature]], CompileCosts] | None = None,
     step_seconds: float | None = None,
 ) -> Advice:
     """Evaluate the job as configured and each candidate setting; recommend the fastest.
@@ -125,6 +126,8 @@ def advise(
     `max_truncated`: the share of training examples an option may cut or drop (0: none beyond what the job's
     own max_length does). `completion_tokens`: GRPO / RLOO, the assumed length of every completion (default:
     the generation limit). `step_seconds`: one measured optimizer step of the job as configured.
+    `compile_costs`: compile seconds per signature, or a function that builds them from every planned
+    signature (the service looks up what it recorded for them); default: the seed figures.
     """
     if spec.trainer not in ADVISED_TRAINERS:
         raise SpecError(
@@ -139,7 +142,6 @@ def advise(
     online = spec.trainer in ONLINE_TRAINERS
     key = _truncation_key(spec, args, lengths.train)
     settings = _candidates(current, key, multiples, max_truncated, online=online)
-    compile_costs = compile_costs or CompileCosts(spec.target.backend)
     assumptions: list[str] = []
     evaluated: list[tuple[_Setting, Plan, PreparedSplit, JobWork]] = []
     refused: list[RefusedOption] = []
@@ -150,6 +152,10 @@ def advise(
             if setting == current:
                 raise
             refused.append(RefusedOption(**setting.fields(), reason=str(error)))
+    if compile_costs is None:
+        compile_costs = CompileCosts(spec.target.backend)
+    elif not isinstance(compile_costs, CompileCosts):
+        compile_costs = compile_costs([s for _, plan, _, _ in evaluated for s in plan.signatures])
     current_work = next(work for setting, _, _, work in evaluated if setting == current)
     if step_seconds is not None:
         if current_work.steps == 0:
@@ -293,6 +299,18 @@ def _evaluate(
         max_steps=args.max_steps,
     )
     return setting, plan, train, work
+
+
+def replay_epochs(
+    spec: Spec, lengths: DatasetLengths, count: int, *, completion_tokens: int | None = None
+) -> list[EpochWork]:
+    """The first `count` epochs of the job as configured, replayed (padded and real tokens per epoch)."""
+    args = resolve_trainer_args(spec)
+    setting = _Setting(args.pad_to_multiple_of, _max_length(spec, args), None)
+    stream = epochs(
+        _prepare(spec, args, lengths.train, setting), _geometry(spec, args, completion_tokens, [])
+    )
+    return [epoch for epoch, _ in zip(stream, range(count), strict=False)]
 
 
 def option_spec_for(spec: Spec, setting: _Setting, facts: dict[str, Any]) -> Spec:

@@ -196,18 +196,27 @@ def _chunk_prompts(geometry: Geometry) -> int:
     return rows // geometry.num_generations
 
 
+def generation_batches(order: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """(rounds, processes, rows) prompt indices: each process's generation batch of each round.
+
+    A chunk's prompts each repeated num_generations times, cut into per_device_train_batch_size x
+    steps_per_generation rows per process, in process order (BatchSamplerShard's batch k of each chunk).
+    """
+    chunk = _chunk_prompts(geometry)
+    rounds = len(order) // chunk
+    rows = np.repeat(order[: rounds * chunk].reshape(rounds, chunk), geometry.num_generations, axis=1)
+    return rows.reshape(rounds, geometry.world_size, geometry.batch * geometry.steps_per_generation)
+
+
 def _online_epochs(split: PreparedSplit, geometry: Geometry) -> Iterator[EpochWork]:
     local_rows = geometry.batch * geometry.steps_per_generation
-    chunk = _chunk_prompts(geometry)
     completion = geometry.completion_tokens
     completion_width = int(ceil_to(np.asarray(completion), geometry.multiple)) if completion else 0
     micro_per_round = geometry.steps_per_generation * geometry.num_iterations
     prompts = split.rows[:, 0]
     for order in prompt_order(split.examples, geometry):
-        rounds = len(order) // chunk
-        # (rounds, processes, rows of a generation batch): each prompt repeated num_generations times
-        rows = np.repeat(order.reshape(rounds, chunk), geometry.num_generations, axis=1)
-        rows = rows.reshape(rounds, geometry.world_size, local_rows)
+        rows = generation_batches(order, geometry)
+        rounds = len(rows)
         lengths = prompts[rows]
         prompt_width = ceil_to(lengths.max(axis=2), geometry.multiple)  # (rounds, processes)
         width = prompt_width + completion_width
