@@ -24,12 +24,13 @@ from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
 from warmup.db.repository import Repository
 from warmup.db.tokens import TokenStore
-from warmup.errors import PlanTooLargeError
+from warmup.errors import PlanTooLargeError, SpecError
 from warmup.planner import plan_spec
 from warmup.settings import Settings
 from warmup.signature import Plan
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
+from warmup.toolchain import Toolchain
 from warmup.trl_args import warm_up_trl
 
 K = TypeVar("K")
@@ -150,6 +151,19 @@ class Services:
             return plan
 
         return self.plans.get_or_compute(spec.key(), compute)
+
+    def pool_toolchain(self, pool: str, world_size: int) -> Toolchain:
+        """The toolchain a worker pool registered for jobs of `world_size` processes."""
+        found = self.repository.resolve_pool(pool, world_size)
+        if found is None:
+            scale = f" for jobs of {world_size} processes" if world_size > 1 else ""
+            raise SpecError(
+                f"no worker of pool {pool!r} has registered{scale} yet; start one with "
+                f"`warmup worker --pool {pool}"
+                + (f" --world-sizes 1,{world_size}`" if world_size > 1 else "`"),
+                loc="pool",
+            )
+        return Toolchain.model_validate(found.data)
 
     def token_scopes(self, token: str) -> frozenset[str] | None:
         scopes = self.verified_tokens.get(token)

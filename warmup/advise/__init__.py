@@ -28,11 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from warmup.advise.cost import StepCosts
 from warmup.advise.data import (
     ADVISED_TRAINERS,
+    HISTOGRAM_SOURCE,
     ONLINE_TRAINERS,
     DatasetLengths,
     PreparedSplit,
     SplitLengths,
     data_facts,
+    lengths_from_histogram,
     load_lengths,
     prepare,
 )
@@ -54,6 +56,7 @@ __all__ = [
     "DatasetLengths",
     "SplitLengths",
     "advise",
+    "lengths_from_histogram",
     "load_lengths",
     "replay_epochs",
 ]
@@ -436,7 +439,7 @@ def _standing_assumptions(spec: Spec, lengths: DatasetLengths) -> list[str]:
         notes.append(
             "generation's decode steps are not in the projection (the same for every option); the prefill is"
         )
-    if lengths.source.startswith("histogram"):
+    if lengths.source == HISTOGRAM_SOURCE:
         notes.append(
             "lengths from the spec's histogram: the dataset order is unknown, so waste is an estimate"
         )

@@ -18,14 +18,14 @@ drops depend on the trainer (TRL 1.16.0):
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
 
-from warmup.errors import SpecError
+from warmup.errors import FieldProblem, SpecError
 
 PREFERENCE_TRAINERS = frozenset({"dpo", "reward"})
 ONLINE_TRAINERS = frozenset({"grpo", "rloo"})
@@ -46,6 +46,9 @@ class SplitLengths:
         )
         if len(sizes) != 1:
             raise SpecError("the dataset's length lists differ in size", loc="dataset")
+        empty = np.flatnonzero(self.prompt + self.completion <= 0)
+        if len(empty):
+            raise SpecError(f"example {int(empty[0])} has no tokens", loc="dataset")
 
     @classmethod
     def of(
@@ -55,11 +58,14 @@ class SplitLengths:
         rejected: Sequence[int] | None = None,
     ) -> SplitLengths:
         size = len(prompt if prompt is not None else completion or [])
-        as_array = lambda values: np.asarray(values if values is not None else [0] * size, dtype=np.int64)  # noqa: E731
+
+        def column(values: Sequence[int] | None) -> np.ndarray:
+            return np.asarray(values, dtype=np.int64) if values is not None else np.zeros(size, np.int64)
+
         return cls(
-            prompt=as_array(prompt),
-            completion=as_array(completion),
-            rejected=None if rejected is None else as_array(rejected),
+            prompt=column(prompt),
+            completion=column(completion),
+            rejected=None if rejected is None else column(rejected),
         )
 
     def __len__(self) -> int:
@@ -176,65 +182,92 @@ def data_facts(trainer: str, train: PreparedSplit, eval_split: PreparedSplit | N
 
 # --- reading lengths ---------------------------------------------------------------------------------
 
+MAX_EXAMPLES = 10_000_000  # per split: far above any fine-tuning set, and still bounded work
 
-def load_lengths(path: str | Path) -> DatasetLengths:
-    """Read a lengths file: JSON `{"train": [...], "eval": [...]}` (eval optional).
 
-    Each example is an integer (the whole text, in tokens) or an object with `prompt`, `completion` and,
-    for preference data, `rejected` (tokens, EOS included, as TRL's preprocessing leaves them).
-    """
-    path = Path(path)
-    try:
-        document = json.loads(path.read_text())
-    except OSError as error:
-        raise SpecError(
-            f"cannot read the dataset lengths file {path}: {error.strerror}", loc="dataset"
-        ) from None
-    except json.JSONDecodeError as error:
-        raise SpecError(f"{path} is not JSON: {error}", loc="dataset") from None
-    if isinstance(document, list):
-        document = {"train": document}
-    if not isinstance(document, dict) or "train" not in document:
-        raise SpecError(
-            f'{path}: expected {{"train": [...], "eval": [...]}} with one entry per example', loc="dataset"
-        )
-    eval_examples = document.get("eval")
-    return DatasetLengths(
-        train=parse_split(document["train"], "dataset.train"),
-        eval=parse_split(eval_examples, "dataset.eval") if eval_examples else None,
-        source=str(path),
+class LengthColumns(BaseModel):
+    """One split as parallel columns, one entry per example, in dataset order. SFT language-modelling text
+    may be given as a plain list of lengths."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: list[NonNegativeInt] | None = Field(
+        None,
+        max_length=MAX_EXAMPLES,
+        description="Prompt tokens per example (as the trainer templates them).",
+    )
+    completion: list[NonNegativeInt] | None = Field(
+        None,
+        max_length=MAX_EXAMPLES,
+        description="Completion tokens per example, EOS included (SFT text: the whole text; DPO: chosen).",
+    )
+    rejected: list[NonNegativeInt] | None = Field(
+        None, max_length=MAX_EXAMPLES, description="DPO / Reward: rejected completion tokens per example."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_list(cls, value: Any) -> Any:
+        return {"completion": value} if isinstance(value, list) else value
 
-def parse_split(examples: Any, loc: str) -> SplitLengths:
-    if not isinstance(examples, list) or not examples:
-        raise SpecError("expected a non-empty list of examples", loc=loc)
-    prompt, completion, rejected = [], [], []
-    for index, example in enumerate(examples):
-        if isinstance(example, int) and not isinstance(example, bool):
-            example = {"completion": example}
-        if not isinstance(example, dict):
-            raise SpecError(
-                "an example is a token count or {prompt, completion, rejected}", loc=f"{loc}.{index}"
-            )
-        values = {}
-        for key in ("prompt", "completion", "rejected"):
-            value = example.get(key, 0 if key != "rejected" else None)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise SpecError(f"{key} must be a non-negative token count", loc=f"{loc}.{index}.{key}")
-            values[key] = value
-        if values["prompt"] + values["completion"] <= 0:
-            raise SpecError("an example has no tokens", loc=f"{loc}.{index}")
-        prompt.append(values["prompt"])
-        completion.append(values["completion"])
-        rejected.append(values["rejected"])
-    has_rejected = [r is not None for r in rejected]
-    if any(has_rejected) and not all(has_rejected):
-        raise SpecError("either every example has a rejected length or none has", loc=loc)
-    return SplitLengths.of(prompt, completion, rejected if all(has_rejected) else None)
+    @model_validator(mode="after")
+    def _columns(self) -> LengthColumns:
+        given = {name: len(v) for name, v in self if v is not None}
+        if "prompt" not in given and "completion" not in given:
+            raise ValueError("give prompt and/or completion lengths")
+        if len(set(given.values())) != 1:
+            raise ValueError(f"the columns differ in length: {given}")
+        if not next(iter(given.values())):
+            raise ValueError("no example")
+        return self
+
+    def split(self) -> SplitLengths:
+        return SplitLengths.of(self.prompt, self.completion, self.rejected)
 
 
-def from_histogram(histogram: dict[int, int]) -> SplitLengths:
-    """Lengths from a spec's `data.length_histogram` (SFT rows; the dataset order is unknown)."""
+class LengthsDocument(BaseModel):
+    """A dataset's per-example token lengths: what `--dataset` reads and `POST /v1/advice` takes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    train: LengthColumns
+    eval: LengthColumns | None = None
+
+    def lengths(self, source: str) -> DatasetLengths:
+        return DatasetLengths(
+            train=self.train.split(), eval=self.eval.split() if self.eval else None, source=source
+        )
+
+
+def load_lengths(path: str | Path) -> DatasetLengths:
+    """Read a lengths file (JSON, a LengthsDocument)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise SpecError(f"cannot read {path}: {error.strerror}", loc="dataset") from None
+    try:
+        document = LengthsDocument.model_validate_json(text)
+    except ValidationError as error:
+        problems = [
+            FieldProblem(".".join(["dataset", *map(str, e["loc"])]), e["msg"].removeprefix("Value error, "))
+            for e in error.errors(include_url=False)[:10]
+        ]
+        raise SpecError(problems) from None
+    return document.lengths(str(path))
+
+
+def lengths_from_histogram(trainer: str, histogram: dict[int, int] | None) -> DatasetLengths:
+    """Lengths from a spec's `data.length_histogram`: SFT rows only, and the dataset order is unknown (the
+    examples are taken shortest first, then shuffled by the sampler like any dataset)."""
+    if trainer != "sft" or not histogram:
+        raise SpecError(
+            "give the dataset's per-example lengths (--dataset); without them only an SFT spec with "
+            "data.length_histogram can be advised",
+            loc="dataset",
+        )
     lengths = [length for length, count in sorted(histogram.items()) for _ in range(count)]
-    return SplitLengths.of(completion=lengths)
+    return DatasetLengths(train=SplitLengths.of(completion=lengths), source=HISTOGRAM_SOURCE)
+
+
+HISTOGRAM_SOURCE = "histogram (the spec's data.length_histogram)"

@@ -1,6 +1,7 @@
 """The `warmup` command: one module per command group, and nothing in the project imports them.
 
 - `local`: plan and warm on this machine;
+- `advise`: compare padding settings of a job on its dataset's lengths;
 - `submit`: submit a job to the service (CI pre-warming), print this machine's toolchain;
 - `pod`: pull, exec and coverage, for training pods (base install only);
 - `service`: serve, worker, token and gc, for the service's own machines.
@@ -16,7 +17,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from warmup.cli import local, pod, service, submit
+from warmup.cli import advise, local, pod, service, submit
 from warmup.errors import WarmupError
 
 
@@ -30,6 +31,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     local.register(sub)
+    advise.register(sub)
     service.register(sub, with_options=command is None or command in service.COMMANDS)
     submit.register(sub)
     pod.register(sub)
