@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
@@ -13,7 +13,8 @@ from warmup.errors import AuthError
 
 
 async def get_services(request: Request) -> Services:
-    return request.app.state.services
+    services: Services = request.app.state.services
+    return services
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]
@@ -41,7 +42,7 @@ def bearer_token(request: Request) -> str | None:
     return token.strip() or None if kind.lower() == "bearer" else None
 
 
-def require(scope: str):
+def require(scope: str) -> Any:
     """A dependency that lets the request through when auth is off or its token grants `scope`."""
 
     # async, so that a request whose token is cached never waits for a threadpool slot

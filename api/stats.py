@@ -13,9 +13,10 @@ import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from sqlalchemy import Engine, case, func, select
+from sqlalchemy.orm import QueryableAttribute
 from sqlalchemy.sql.elements import ColumnElement
 
 from api.services import TTLCache
@@ -162,7 +163,7 @@ class Stats:
             .subquery()
         )
         with self._sessions() as session:
-            sizes = dict(
+            sizes: dict[str, int] = dict(
                 session.execute(
                     select(pairs.c.toolchain_key, func.sum(m.Blob.size))
                     .join(m.Blob, m.Blob.sha256 == pairs.c.blob_sha256)
@@ -258,23 +259,26 @@ class Stats:
         total = 0.0
         with self._sessions() as session:
             for start in range(0, len(warm), CHUNK):
-                total += session.execute(
-                    select(func.coalesce(func.sum(m.Entry.compile_seconds), 0.0)).where(
-                        m.Entry.toolchain_key == row.toolchain_key,
-                        m.Entry.signature_key.in_(warm[start : start + CHUNK]),
-                    )
-                ).scalar_one()
+                total += cast(  # coalesce: never NULL
+                    float,
+                    session.execute(
+                        select(func.coalesce(func.sum(m.Entry.compile_seconds), 0.0)).where(
+                            m.Entry.toolchain_key == row.toolchain_key,
+                            m.Entry.signature_key.in_(warm[start : start + CHUNK]),
+                        )
+                    ).scalar_one(),
+                )
         self._saved.put(row.id, float(total))
         return float(total)
 
     # --- helpers -----------------------------------------------------------------------------
 
-    def _seconds_between(self, start: Any, end: Any) -> ColumnElement[float]:
+    def _seconds_between(self, start: Any, end: Any) -> ColumnElement[Any]:
         if self.engine.dialect.name == "postgresql":
             return func.extract("epoch", end - start)
         return (func.julianday(end) - func.julianday(start)) * 86400.0
 
-    def _histogram(self, value: ColumnElement[Any], *where: ColumnElement[bool]) -> Histogram:
+    def _histogram(self, value: ColumnElement[Any] | QueryableAttribute[Any], *where: ColumnElement[bool]) -> Histogram:
         columns = [func.count(), func.coalesce(func.sum(value), 0.0)]
         columns += [
             func.coalesce(func.sum(case((value <= bound, 1), else_=0)), 0) for bound in DURATION_BUCKETS

@@ -6,6 +6,7 @@ The CLI prints it as one line (no traceback); the API maps it to a 4xx answer.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -74,7 +75,7 @@ class ToolchainMismatchError(WarmupError):
         )
 
 
-def _triples(differences: dict[str, tuple[object, object]]):
+def _triples(differences: dict[str, tuple[object, object]]) -> Iterator[tuple[str, object, object]]:
     for key, (ours, theirs) in sorted(differences.items()):
         yield key, ours, theirs
 

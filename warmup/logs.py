@@ -122,7 +122,7 @@ def _kv_value(value: Any) -> str:
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever sys.stderr is when a record comes (a test may have swapped it since)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 

@@ -143,7 +143,7 @@ class BlobStore(ABC):
                 raise BlobIntegrityError(f"blob {sha256} in {self.location} has sha256 {digest.hexdigest()}")
 
 
-def _read_at_most(source: IO[bytes], max_bytes: int | None, what: str) -> bytes:
+def _read_at_most(source: IO[bytes] | io.RawIOBase, max_bytes: int | None, what: str) -> bytes:
     if max_bytes is None:
         return source.read()
     data = bytearray()
@@ -442,11 +442,12 @@ class S3BlobStore(BlobStore):
 
     def presigned_url(self, sha256: str, expires_s: int = 3600) -> str:
         with self._errors(f"presigning {sha256}"):
-            return self.presigner.generate_presigned_url(
+            url: str = self.presigner.generate_presigned_url(
                 "get_object",
                 Params={"Bucket": self.bucket, "Key": self._key(blob_key(sha256))},
                 ExpiresIn=expires_s,
             )
+            return url
 
     def put_object(self, key: str, data: bytes) -> None:
         content_type = "application/json" if key.endswith(".json") else "application/octet-stream"

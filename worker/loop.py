@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine
 
@@ -40,6 +40,9 @@ from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
 from warmup.toolchain import Toolchain, current_toolchain
+
+if TYPE_CHECKING:
+    from warmup.rehearsal import SignatureResult
 
 log = logging.getLogger("warmup.worker")
 
@@ -265,7 +268,9 @@ class Worker:
 
     # --- steps -------------------------------------------------------------------------------
 
-    def _rehearse(self, spec: Spec, signature: Signature, work: Path, heartbeat: _Heartbeat):
+    def _rehearse(
+        self, spec: Spec, signature: Signature, work: Path, heartbeat: _Heartbeat
+    ) -> SignatureResult | None:
         """Rehearse in a thread so that SIGTERM can stop waiting; None when stopped first."""
         from warmup.rehearsal import rehearse
 
@@ -299,9 +304,11 @@ class Worker:
                 return None
         if "error" in box:
             raise box["error"]  # type: ignore[misc]
-        return box["result"]
+        return cast(SignatureResult, box["result"])
 
-    def _record(self, task: ClaimedTask, signature: Signature, result, started: float) -> TaskOutcome:
+    def _record(
+        self, task: ClaimedTask, signature: Signature, result: SignatureResult, started: float
+    ) -> TaskOutcome:
         elapsed = time.monotonic() - started
         worker = self.options.worker_id
         if result.status != "ok":
@@ -313,8 +320,10 @@ class Worker:
             )
         refs = [FileRef(path=f.path, sha256=f.sha256, size=f.size) for f in result.files]
         self.queue.reserve_blobs(refs)  # before uploading: garbage collection must not take them
+        if result.files and result.cache_dir is None:
+            raise RehearsalError("the rehearsal listed files but no cache directory holding them")
         for file in result.files:
-            self.store.put_file(Path(result.cache_dir) / file.path, file.sha256)
+            self.store.put_file(Path(result.cache_dir or "") / file.path, file.sha256)
         self.queue.complete(task.id, worker, refs, result.compile_seconds, log_tail=result.log_tail or None)
         log.info(
             "task %d %s: done in %.1fs (%d files, compile %.1fs)",

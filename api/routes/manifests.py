@@ -61,8 +61,8 @@ async def get_manifest(request: Request, services: ServicesDep) -> Response:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e["loc"])} for e in error.errors(include_url=False)]
         ) from None
-    payload, keys = await run_in_threadpool(_manifest, body, services)
-    services.manifest_requests.put(body_key, keys)
+    payload, computed_keys = await run_in_threadpool(_manifest, body, services)
+    services.manifest_requests.put(body_key, computed_keys)
     return Response(payload, media_type="application/json")
 
 

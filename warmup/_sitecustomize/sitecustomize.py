@@ -60,7 +60,7 @@ class _LimitsHook(importlib.abc.MetaPathFinder):
             except Exception as error:  # never break torch's import
                 print(f"trl-warmup: could not raise Dynamo's recompile limits: {error}", file=sys.stderr)
 
-        loader.exec_module = exec_module  # type: ignore[method-assign]
+        loader.exec_module = exec_module
         return spec
 
 

@@ -11,7 +11,7 @@ from warmup.cli.common import add_spec_arguments, load_spec_from_args
 from warmup.formatting import format_duration, format_size, format_table
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan = sub.add_parser(
         "plan", help="list every signature (shape and static-cache size) a job will compile"
     )

@@ -19,16 +19,19 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from warmup.cli.common import add_spec_arguments, load_spec_from_args
 from warmup.errors import WarmupError
 from warmup.formatting import format_table
 
+if TYPE_CHECKING:
+    from warmup.manifest import Manifest
+
 DEFAULT_PARALLEL = 16
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pull = sub.add_parser(
         "pull", help="install the warmed compile cache of a job into a local directory (training pods)"
     )
@@ -53,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     for action in exec_._actions:  # the spec overrides (--trainer, --backend, ...) may follow SPEC too
         if action.option_strings and action.dest in ("trainer", "backend", "device", "world_size"):
             options_only.add_argument(
-                *action.option_strings, dest=action.dest, type=action.type, choices=action.choices
+                *action.option_strings, dest=action.dest, type=action.type or str, choices=action.choices
             )
     exec_.add_argument(
         "argv",
@@ -294,7 +297,7 @@ def child_environment(spec: Any, result: Any, server: str | None = None) -> dict
     return env
 
 
-def training_process_environment(manifest: Any, dest: Any, world_size: int) -> dict[str, str]:
+def training_process_environment(manifest: Manifest, dest: Any, world_size: int) -> dict[str, str]:
     """The backend's environment as each training process computes it (`warmup.activate` does it in
     the process). On CPU, Inductor's key tag carries the thread count, and under torchrun each of
     `world_size` processes gets OMP_NUM_THREADS threads (1 when unset): compute it with that count.

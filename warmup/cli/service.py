@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 COMMANDS = ("serve", "worker", "token", "gc")
 
 
-def register(sub: argparse._SubParsersAction, *, with_options: bool = True) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], *, with_options: bool = True) -> None:
     """The service's commands; `with_options=False` names them (for `warmup --help`) without importing
     the settings their options are generated from."""
 

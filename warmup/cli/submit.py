@@ -18,7 +18,7 @@ from warmup.formatting import format_duration
 EXIT_READY, EXIT_INVALID, EXIT_FAILED, EXIT_TIMEOUT = 0, 2, 3, 4
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     submit = sub.add_parser("submit", help="submit a spec for warming (CI pre-warming); --wait follows it")
     add_spec_arguments(submit)
     submit.add_argument(

@@ -300,7 +300,7 @@ class TaskQueue:
                 raise LeaseLostError(task_id, worker_id)
             blobs = sorted({f.sha256: f.size for f in files}.items())  # one lock order for everyone
             self._insert_ignore(session, m.Blob, [{"sha256": sha, "size": size} for sha, size in blobs])
-            entry_id = session.execute(
+            entry_id: int | None = session.execute(
                 dialect_insert(session, m.Entry)
                 .values(
                     signature_key=task.signature_key,
@@ -311,12 +311,13 @@ class TaskQueue:
                 .returning(m.Entry.id)
             ).scalar_one_or_none()
             if entry_id is None:  # recorded already (by an import, say): keep the first one whole
-                return session.execute(
+                existing: int = session.execute(
                     select(m.Entry.id).where(
                         m.Entry.signature_key == task.signature_key,
                         m.Entry.toolchain_key == task.toolchain_key,
                     )
                 ).scalar_one()
+                return existing
             self._insert_ignore(
                 session,
                 m.EntryFile,
@@ -340,12 +341,13 @@ class TaskQueue:
             values: dict[str, Any] = {"error": error, "lease_expires_at": None}
             if log_tail is not None:  # else keep what the heartbeats sent
                 values["log_tail"] = self._tail(log_tail)
+            state = TaskState.failed if delay is None else TaskState.queued
             if delay is None:
-                values.update(state=TaskState.failed, finished_at=db_now())
+                values.update(state=state, finished_at=db_now())
             else:
-                values.update(state=TaskState.queued, run_after=db_now(delay))
+                values.update(state=state, run_after=db_now(delay))
             session.execute(update(m.Task).where(*self._held(task_id, worker_id)).values(**values))
-            return values["state"]
+            return state
 
     def release(self, task_id: int, worker_id: str) -> None:
         """Give a task back without counting the attempt (a worker shutting down on SIGTERM).

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Engine, and_, func, select, update
 from sqlalchemy.orm import selectinload
@@ -120,7 +120,7 @@ class Repository:
                         finished_at=row.finished_at,
                     )
                 )
-            counts = dict(Counter(s.state for s in signatures))
+            counts: dict[str, int] = dict(Counter(str(s.state) for s in signatures))
             return JobStatus(**_summary_fields(job, counts), warnings=job.warnings, signatures=signatures)
 
     def jobs_needing(self, signature_key: str, toolchain_key: str) -> list[tuple[uuid.UUID, str]]:
@@ -286,7 +286,7 @@ class Repository:
 
     def _document(self, model: type[m.Spec | m.Toolchain | m.Signature], key: str) -> Keyed | None:
         with self._sessions() as session:
-            row = session.get(model, key)
+            row = cast("m.Spec | m.Toolchain | m.Signature | None", session.get(model, key))
             return Keyed(row.key, row.data) if row is not None else None
 
     # --- workers and pools ---------------------------------------------------------------------

@@ -17,8 +17,9 @@ import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, cast
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import CursorResult, Engine, select, update
 
 from warmup.db import models as m
 from warmup.db.columns import db_now
@@ -86,7 +87,7 @@ class TokenStore:
                 .where(m.Token.id == token_id, m.Token.revoked_at.is_(None))
                 .values(revoked_at=db_now())
             )
-            return result.rowcount > 0
+            return cast(CursorResult[Any], result).rowcount > 0
 
 
 def _info(row: m.Token) -> TokenInfo:
