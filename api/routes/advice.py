@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter
 
 from api.deps import ReadAccess, ServicesDep
@@ -40,7 +42,9 @@ def create_advice(body: AdviceRequest, services: ServicesDep) -> Advice:
     )
 
 
-def _recorded(services: ServicesDep, toolchain: Toolchain, backend: str):
+def _recorded(
+    services: ServicesDep, toolchain: Toolchain, backend: str
+) -> Callable[[list[Signature]], CompileCosts]:
     """Compile seconds the service recorded under the toolchain, for the signatures the options plan."""
 
     def costs(signatures: list[Signature]) -> CompileCosts:

@@ -244,8 +244,8 @@ def _truncation_key(spec: Spec, args: TrainerArgs, split: SplitLengths) -> np.nd
                 f"the {spec.trainer} trainer needs preference data: give each example's rejected length",
                 loc="dataset",
             )
-        return split.prompt + split.completion
-    return split.prompt + np.maximum(split.completion, split.rejected)
+        return np.asarray(split.prompt + split.completion)
+    return np.asarray(split.prompt + np.maximum(split.completion, split.rejected))
 
 
 def _candidates(

@@ -115,6 +115,7 @@ def prepare(
 ) -> PreparedSplit:
     """Apply TRL's truncation and filtering for `trainer` at this max_length (see the module docstring)."""
     prompt = split.prompt
+    keep: np.ndarray
     if trainer in ONLINE_TRAINERS:
         keep = np.ones(len(prompt), bool) if max_prompt_length is None else prompt <= max_prompt_length
         kept = prompt[keep]
@@ -137,7 +138,7 @@ def prepare(
     if max_length is None:
         keep = np.ones(len(prompt), bool)
     elif trainer == "reward":
-        keep = (full <= max_length).all(axis=1)  # RewardTrainer filters over-long pairs out
+        keep = np.asarray((full <= max_length).all(axis=1))  # RewardTrainer filters over-long pairs out
     elif trainer == "dpo":
         keep = prompt < max_length if keep_start else np.ones(len(prompt), bool)
     else:  # sft: dropped when truncation leaves every label at -100

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 BAR_WIDTH = 40
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     advise = sub.add_parser(
         "advise",
         help="compare pad_to_multiple_of (and max_length) settings: compiles against padding, whole-job time",

@@ -256,7 +256,7 @@ class Repository:
                         m.Entry.compile_seconds.is_not(None),
                     )
                 )
-                found.update({key: float(seconds) for key, seconds in rows})
+                found.update({key: float(seconds) for key, seconds in rows if seconds is not None})
         return found
 
     def compile_samples(self, toolchain_key: str, *, limit: int = 5000) -> list[tuple[str, str, float]]:
