@@ -19,15 +19,17 @@ from typing import Generic, TypeVar
 
 from sqlalchemy import Engine, text
 
+from warmup.advise import Advice, advise, lengths_from_histogram
 from warmup.db.engine import make_engine
 from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
 from warmup.db.repository import Repository
 from warmup.db.tokens import TokenStore
-from warmup.errors import PlanTooLargeError, SpecError
+from warmup.errors import PlanTooLargeError, SpecError, WarmupError
 from warmup.planner import plan_spec
+from warmup.planner.estimate import CompileCosts, typical_seconds
 from warmup.settings import Settings
-from warmup.signature import Plan
+from warmup.signature import Plan, Signature
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
 from warmup.toolchain import Toolchain
@@ -110,6 +112,10 @@ class Services:
     )
     # Verified tokens, briefly: a pull makes many requests; a revocation takes effect within a minute.
     verified_tokens: TTLCache[str, frozenset[str]] = field(default_factory=lambda: TTLCache(1024, 60.0))
+    # The status page's advice per (spec key, toolchain key): seconds to compute, so computed once a while.
+    job_advice: TTLCache[tuple[str, str], tuple[Advice | None]] = field(
+        default_factory=lambda: TTLCache(256, 600.0)
+    )
 
     @classmethod
     def start(cls, settings: Settings) -> Services:
@@ -151,6 +157,37 @@ class Services:
             return plan
 
         return self.plans.get_or_compute(spec.key(), compute)
+
+    def recorded_compile_costs(
+        self, toolchain_key: str, backend: str
+    ) -> Callable[[list[Signature]], CompileCosts]:
+        """Compile seconds recorded under the toolchain for the signatures an advice plans, and the median per
+        (model, phase) there for the others."""
+
+        def costs(signatures: list[Signature]) -> CompileCosts:
+            keys = list(dict.fromkeys(s.key() for s in signatures))
+            models = {s.model for s in signatures}
+            samples = [s for s in self.repository.compile_samples(toolchain_key) if s[0] in models]
+            recorded = self.repository.compile_seconds(keys, toolchain_key)
+            return CompileCosts(backend, recorded, typical_seconds(samples))
+
+        return costs
+
+    def advice_for_job(self, spec: Spec, toolchain_key: str) -> Advice | None:
+        """The status page's advice for a job: from its spec's length histogram (SFT) and the compile seconds
+        recorded under its toolchain; None when the spec cannot be advised (no histogram, another trainer)."""
+
+        def compute() -> tuple[Advice | None]:
+            if spec.trainer != "sft" or not spec.data.length_histogram:
+                return (None,)
+            lengths = lengths_from_histogram(spec.trainer, spec.data.length_histogram)
+            costs = self.recorded_compile_costs(toolchain_key, spec.target.backend)
+            try:
+                return (advise(spec, lengths, compile_costs=costs),)
+            except WarmupError:
+                return (None,)  # e.g. packing, or a model config no longer readable: the page shows none
+
+        return self.job_advice.get_or_compute((spec.key(), toolchain_key), compute)[0]
 
     def pool_toolchain(self, pool: str, world_size: int) -> Toolchain:
         """The toolchain a worker pool registered for jobs of `world_size` processes."""

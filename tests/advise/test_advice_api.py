@@ -12,7 +12,7 @@ from api.app import create_app
 from api.services import Services
 from tests.fixtures.factories import cpu_toolchain
 from tests.support.length_data import DISTRIBUTIONS
-from warmup.advise import DatasetLengths, SplitLengths, advise
+from warmup.advise import DatasetLengths, SplitLengths, advise, lengths_from_histogram
 from warmup.settings import Settings
 from warmup.spec import load_spec
 
@@ -118,3 +118,22 @@ def test_bad_input_names_the_field(api, tiny_model_dir):
         "/v1/advice", json={"spec": spec_body(tiny_model_dir), "dataset": {"train": LENGTHS}, "pool": "trn2"}
     )
     assert unknown_pool.status_code == 422 and "no worker of pool 'trn2'" in unknown_pool.text
+
+
+def test_status_page_plots_the_advice_of_jobs_with_a_length_histogram(api, services, tiny_model_dir):
+    histogram = {n: LENGTHS.count(n) for n in sorted(set(LENGTHS))}
+    with_lengths = load_spec(spec_body(tiny_model_dir)).model_dump(mode="json")
+    with_lengths["data"] = {"num_train_examples": len(LENGTHS), "length_histogram": histogram}
+    without = spec_body(tiny_model_dir, max_length=128)
+    for spec in (with_lengths, without):
+        answer = api.post("/v1/warmups", json={"spec": spec, "toolchain": cpu_toolchain().model_dump()})
+        assert answer.status_code == 201, answer.text
+
+    page = api.get("/").text
+    assert page.count("padding advice") == 1  # the job whose spec has no histogram gets none
+    chart = page[page.index('<svg class="chart advice"') :]
+    chart = chart[: chart.index("</svg>")]
+    advice = advise(load_spec(with_lengths), lengths_from_histogram("sft", histogram))
+    assert chart.count("<g>") == len(advice.options)
+    assert "pad 64, max 256 (current)" in chart
+    assert "from the length histogram: an estimate" in page

@@ -18,8 +18,10 @@ The recommendation is the option with the least projected time.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -148,13 +150,14 @@ def advise(
     assumptions: list[str] = []
     evaluated: list[tuple[_Setting, Plan, PreparedSplit, JobWork]] = []
     refused: list[RefusedOption] = []
-    for setting in settings:
-        try:
-            evaluated.append(_evaluate(spec, args, lengths, setting, completion_tokens, assumptions))
-        except PlanTooLargeError as error:
-            if setting == current:
-                raise
-            refused.append(RefusedOption(**setting.fields(), reason=str(error)))
+    with _each_message_once(TRAINING_ARGS_LOGGER):
+        for setting in settings:
+            try:
+                evaluated.append(_evaluate(spec, args, lengths, setting, completion_tokens, assumptions))
+            except PlanTooLargeError as error:
+                if setting == current:
+                    raise
+                refused.append(RefusedOption(**setting.fields(), reason=str(error)))
     if compile_costs is None:
         compile_costs = CompileCosts(spec.target.backend)
     elif not isinstance(compile_costs, CompileCosts):
@@ -191,6 +194,28 @@ def advise(
         step_costs=step_costs.source,
         assumptions=[*_standing_assumptions(spec, lengths), *dict.fromkeys(assumptions)],
     )
+
+
+# transformers' TrainingArguments logs its warnings each time a TRL config is built: once per option here.
+TRAINING_ARGS_LOGGER = "transformers.training_args"
+
+
+@contextlib.contextmanager
+def _each_message_once(name: str) -> Iterator[None]:
+    seen: set[str] = set()
+
+    def first_time(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        fresh = message not in seen
+        seen.add(message)
+        return fresh
+
+    logger = logging.getLogger(name)
+    logger.addFilter(first_time)
+    try:
+        yield
+    finally:
+        logger.removeFilter(first_time)
 
 
 # --- the settings compared ------------------------------------------------------------------------------
