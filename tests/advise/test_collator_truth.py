@@ -81,9 +81,9 @@ def collated(loaders: list, epochs: int = 1) -> list[tuple[int, int]]:
 def lengths_seen_by(trainer) -> SplitLengths:
     """Per-example lengths from TRL's own preprocessing (a trainer built without max_length)."""
     data = trainer.train_dataset
-    if "chosen_ids" in data.column_names:
+    if "chosen_ids" in data.column_names:  # DPO: the prompt apart; Reward: whole rows
         return SplitLengths.of(
-            prompt=[len(x) for x in data["prompt_ids"]],
+            prompt=[len(x) for x in data["prompt_ids"]] if "prompt_ids" in data.column_names else None,
             completion=[len(x) for x in data["chosen_ids"]],
             rejected=[len(x) for x in data["rejected_ids"]],
         )
@@ -106,18 +106,19 @@ def build_sft(model_dir, tmp_path, args: dict, dataset):
     )
 
 
-def build_dpo(model_dir, tmp_path, args: dict, examples: list[dict]):
+def build_preference(kind: str, model_dir, tmp_path, args: dict, examples: list[dict]):
     from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import DPOConfig, DPOTrainer
+    from trl import DPOConfig, DPOTrainer, RewardConfig, RewardTrainer
 
-    config = DPOConfig(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **args})
-    return DPOTrainer(
+    config_class, trainer_class = (DPOConfig, DPOTrainer) if kind == "dpo" else (RewardConfig, RewardTrainer)
+    extra = {"ref_model": init_model(model_dir, seed=1)} if kind == "dpo" else {}
+    return trainer_class(
         model=init_model(model_dir),
-        ref_model=init_model(model_dir, seed=1),
-        args=config,
+        args=config_class(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **args}),
         train_dataset=Dataset.from_list(examples),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
+        **extra,
     )
 
 
@@ -185,26 +186,49 @@ def test_dpo_chosen_and_rejected_rows(tiny_model_dir, tmp_path, distribution, wo
     prompts = DISTRIBUTIONS[distribution](rng, 45, 2, 90)
     examples = [pair(p, p + rng.randint(1, 50), p + rng.randint(1, 50)) for p in prompts]
     args = {"per_device_train_batch_size": 3, "max_length": 80, "pad_to_multiple_of": 32, "seed": 2}
-    trainer = build_dpo(tiny_model_dir, tmp_path, {**args, "max_length": None}, examples)
+    trainer = build_preference("dpo", tiny_model_dir, tmp_path, {**args, "max_length": None}, examples)
     lengths = lengths_seen_by(trainer)
-    truth = collated(loaders(build_dpo(tiny_model_dir, tmp_path, args, examples), world_size))
+    truth = collated(loaders(build_preference("dpo", tiny_model_dir, tmp_path, args, examples), world_size))
 
     advice = advise(spec_for("dpo", tiny_model_dir, args, world_size), DatasetLengths(train=lengths))
     assert (advice.current.padded_tokens, advice.current.real_tokens) == truth[0]
     assert advice.current.examples_dropped == sum(p >= 80 for p in prompts)
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_reward_drops_pairs_with_a_row_past_max_length(
+    tiny_reward_model_dir, tmp_path, distribution, world_size
+):
+    rng = random.Random(31)
+    prompts = DISTRIBUTIONS[distribution](rng, 41, 2, 70)
+    examples = [pair(p, p + rng.randint(1, 40), p + rng.randint(1, 40)) for p in prompts]
+    args = {"per_device_train_batch_size": 3, "max_length": 72, "pad_to_multiple_of": 16, "seed": 4}
+    build = build_preference
+    lengths = lengths_seen_by(
+        build("reward", tiny_reward_model_dir, tmp_path, {**args, "max_length": None}, examples)
+    )
+    truth = collated(loaders(build("reward", tiny_reward_model_dir, tmp_path, args, examples), world_size))
+
+    spec = spec_for("reward", tiny_reward_model_dir, args, world_size)
+    advice = advise(spec, DatasetLengths(train=lengths))
+    assert (advice.current.padded_tokens, advice.current.real_tokens) == truth[0]
+    longest = np.maximum(lengths.completion, lengths.rejected)
+    assert advice.current.examples_dropped == int((longest > 72).sum()) > 0
+
+
 # --- GRPO ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["grpo", "rloo"])
 @pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
-def test_grpo_prompt_and_completion_padding(tiny_model_dir, tmp_path, distribution):
+def test_grpo_prompt_and_completion_padding(tiny_model_dir, tmp_path, distribution, kind):
     """Each generation batch's prompts (left) and completions (right) padded over the whole batch with TRL's
     `pad`, at the steps where `_prepare_inputs` generates, every completion the assumed 37 tokens long."""
     import torch
+    import trl
     from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
     from trl.trainer.utils import pad
 
     prompts = DISTRIBUTIONS[distribution](random.Random(8), 40, 3, 100)
@@ -216,9 +240,13 @@ def test_grpo_prompt_and_completion_padding(tiny_model_dir, tmp_path, distributi
         "max_completion_length": 48,
         "pad_to_multiple_of": 16,
         "seed": 13,
+        "beta": 0.0,  # no reference model to load (RLOO's default 0.05 loads one from the model directory)
     }
-    config = GRPOConfig(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **args})
-    trainer = GRPOTrainer(
+    config_class, trainer_class = (
+        (trl.GRPOConfig, trl.GRPOTrainer) if kind == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
+    )
+    config = config_class(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **args})
+    trainer = trainer_class(
         model=init_model(tiny_model_dir),
         reward_funcs=lambda completions, **_: [0.0] * len(completions),
         args=config,
@@ -244,9 +272,9 @@ def test_grpo_prompt_and_completion_padding(tiny_model_dir, tmp_path, distributi
         truth.append((padded, real))
 
     data = DatasetLengths(train=SplitLengths.of(prompt=prompts))
-    advice = advise(spec_for("grpo", tiny_model_dir, args), data, completion_tokens=completion)
+    advice = advise(spec_for(kind, tiny_model_dir, args), data, completion_tokens=completion)
     assert (advice.current.padded_tokens, advice.current.real_tokens) == truth[0]
-    assert _epochs("grpo", tiny_model_dir, args, 1, data, 2, completion_tokens=completion) == truth
+    assert _epochs(kind, tiny_model_dir, args, 1, data, 2, completion_tokens=completion) == truth
 
 
 def _epochs(trainer, model_dir, args, world_size, data, count, **kwargs) -> list[tuple[int, int]]:

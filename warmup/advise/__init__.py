@@ -49,7 +49,7 @@ from warmup.signature import Plan, Signature
 from warmup.spec import Spec
 from warmup.trl_args import TrainerArgs, resolve_trainer_args
 
-# Candidate multiples; the list stops at the first that holds the longest row (one padded length).
+# Candidate multiples; the list stops at the first that holds the longest row after truncation (one length).
 DEFAULT_MULTIPLES: tuple[int | None, ...] = (None, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 __all__ = [
@@ -282,13 +282,13 @@ def _candidates(
     online: bool,
 ) -> list[_Setting]:
     longest = int(key.max())
+    cap = longest if current.max_length is None else min(current.max_length, longest)  # the longest row
     if multiples is None:
         multiples = []
         for multiple in DEFAULT_MULTIPLES:
             multiples.append(multiple)
-            if multiple is not None and multiple >= longest:
+            if multiple is not None and multiple >= cap:
                 break
-    cap = longest if current.max_length is None else min(current.max_length, longest)
     quantile = int(np.sort(key)[max(math.ceil((1.0 - max_truncated) * len(key)) - 1, 0)])
     settings = [current]
     for multiple in dict.fromkeys([current.multiple, *multiples]):
