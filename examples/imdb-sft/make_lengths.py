@@ -7,7 +7,7 @@
   `sft-local.yaml`: sft.yaml pointing at it.
 
     python examples/imdb-sft/make_lengths.py OUT && warmup advise OUT/sft-local.yaml --trainer sft \\
-        --backend neuron --device neuron --world-size 4 --dataset OUT/lengths.json --max-truncated 0.01
+        --backend neuron --device neuron --world-size 4 --lengths OUT/lengths.json --max-truncated 0.01
 """
 
 from __future__ import annotations

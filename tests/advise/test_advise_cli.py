@@ -34,7 +34,7 @@ def write_job(tmp_path, model_dir, trainer: str = "sft", **args) -> tuple[str, s
 
 def test_json_is_the_librarys_advice(tiny_model_dir, tmp_path, capsys):
     spec, dataset = write_job(tmp_path, tiny_model_dir, num_train_epochs=3)
-    assert main(["advise", spec, "--dataset", dataset, "--format", "json", "--max-truncated", "0.01"]) == 0
+    assert main(["advise", spec, "--lengths", dataset, "--format", "json", "--max-truncated", "0.01"]) == 0
     printed = json.loads(capsys.readouterr().out)
     expected = advise(load_spec(spec), load_lengths(dataset), max_truncated=0.01)
     assert printed == expected.model_dump(mode="json")
@@ -45,7 +45,7 @@ def test_json_is_the_librarys_advice(tiny_model_dir, tmp_path, capsys):
 
 def test_table_bars_and_recommendation(tiny_model_dir, tmp_path, capsys):
     spec, dataset = write_job(tmp_path, tiny_model_dir, num_train_epochs=200)
-    argv = ["advise", spec, "--dataset", dataset, "--multiples", "none,32,128,512", "--step-seconds", "4"]
+    argv = ["advise", spec, "--lengths", dataset, "--multiples", "none,32,128,512", "--step-seconds", "4"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     advice = advise(load_spec(spec), load_lengths(dataset), multiples=[None, 32, 128, 512], step_seconds=4.0)
@@ -70,11 +70,11 @@ def test_table_bars_and_recommendation(tiny_model_dir, tmp_path, capsys):
 
 def test_errors_name_the_field(tiny_model_dir, tmp_path, capsys):
     spec, dataset = write_job(tmp_path, tiny_model_dir, trainer="dpo")
-    assert main(["advise", spec, "--dataset", dataset]) == 2
+    assert main(["advise", spec, "--lengths", dataset]) == 2
     assert "dataset: the dpo trainer needs preference data" in capsys.readouterr().err
     assert main(["advise", spec]) == 2
-    assert "--dataset" in capsys.readouterr().err
+    assert "--lengths" in capsys.readouterr().err
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({"train": {"prompt": [3, 4], "completion": [5]}}))
-    assert main(["advise", spec, "--dataset", str(broken)]) == 2
+    assert main(["advise", spec, "--lengths", str(broken)]) == 2
     assert "dataset.train: the columns differ in length" in capsys.readouterr().err

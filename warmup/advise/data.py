@@ -227,7 +227,7 @@ class LengthColumns(BaseModel):
 
 
 class LengthsDocument(BaseModel):
-    """A dataset's per-example token lengths: what `--dataset` reads and `POST /v1/advice` takes."""
+    """A dataset's per-example token lengths: what `warmup advise --lengths` reads and `POST /v1/advice` takes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -263,7 +263,7 @@ def lengths_from_histogram(trainer: str, histogram: dict[int, int] | None) -> Da
     examples are taken shortest first, then shuffled by the sampler like any dataset)."""
     if trainer != "sft" or not histogram:
         raise SpecError(
-            "give the dataset's per-example lengths (--dataset); without them only an SFT spec with "
+            "give the dataset's per-example lengths (--lengths); without them only an SFT spec with "
             "data.length_histogram can be advised",
             loc="dataset",
         )

@@ -23,8 +23,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_spec_arguments(advise)
     advise.add_argument(
-        "--dataset",
-        help="per-example token lengths (JSON); without it, an SFT spec's data.length_histogram",
+        "--lengths",
+        metavar="FILE",
+        help='per-example token lengths, JSON: {"train": {"prompt": [...], "completion": [...], "rejected": [...]}}; '
+        "without it, an SFT spec's data.length_histogram",
     )
     advise.add_argument(
         "--multiples",
@@ -71,8 +73,8 @@ def cmd_advise(ns: argparse.Namespace) -> int:
     from warmup.advise import advise, lengths_from_histogram, load_lengths
 
     spec = load_spec_from_args(ns)
-    if ns.dataset:
-        lengths = load_lengths(ns.dataset)
+    if ns.lengths:
+        lengths = load_lengths(ns.lengths)
     else:
         lengths = lengths_from_histogram(spec.trainer, spec.data.length_histogram)
     if ns.step_seconds is not None and ns.step_seconds <= 0:
