@@ -133,10 +133,19 @@ def test_sft_language_modelling(tiny_model_dir, tmp_path, distribution, world_si
     from datasets import Dataset
 
     lengths = DISTRIBUTIONS[distribution](random.Random(11), 61, 4, 180)
-    args = {"per_device_train_batch_size": 4, "max_length": 150, "pad_to_multiple_of": 16, "seed": 5}
+    args = {
+        "per_device_train_batch_size": 4,
+        "max_length": 150,
+        "pad_to_multiple_of": 16,
+        "seed": 5,
+        "gradient_accumulation_steps": 3,
+        "num_train_epochs": 2.5,
+    }
     dataset = Dataset.from_dict({"input_ids": [[10 + i % 150] * n for i, n in enumerate(lengths)]})
     trainer = build_sft(tiny_model_dir, tmp_path, args, dataset)
     truth = collated(loaders(trainer, world_size), epochs=2)
+    # Optimizer steps as the Trainer counts them (before anything else builds a config: that resets accelerate).
+    steps = trainer.set_initial_training_values(trainer.args, loaders(trainer, world_size)[0])[-1]
 
     data = DatasetLengths(train=SplitLengths.of(completion=lengths))
     advice = advise(spec_for("sft", tiny_model_dir, args, world_size), data)
@@ -144,6 +153,7 @@ def test_sft_language_modelling(tiny_model_dir, tmp_path, distribution, world_si
     assert (current.padded_tokens, current.real_tokens) == truth[0]
     assert current.padding_waste == pytest.approx(1 - truth[0][1] / truth[0][0])
     assert current.examples_truncated == sum(n > 150 for n in lengths) > 0
+    assert current.steps == steps
     # Later epochs, in their own order, too (the projection sums every epoch of the job).
     assert truth[0] != truth[1]
     replay = _epochs("sft", tiny_model_dir, args, world_size, data, 2)

@@ -20,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from warmup.errors import FieldProblem, SpecError
 
@@ -184,6 +184,8 @@ def data_facts(trainer: str, train: PreparedSplit, eval_split: PreparedSplit | N
 # --- reading lengths ---------------------------------------------------------------------------------
 
 MAX_EXAMPLES = 10_000_000  # per split: far above any fine-tuning set, and still bounded work
+MAX_TOKENS = 1 << 24  # per example: 16M tokens, far above any context length
+Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 
 
 class LengthColumns(BaseModel):
@@ -192,17 +194,17 @@ class LengthColumns(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    prompt: list[NonNegativeInt] | None = Field(
+    prompt: list[Tokens] | None = Field(
         None,
         max_length=MAX_EXAMPLES,
         description="Prompt tokens per example (as the trainer templates them).",
     )
-    completion: list[NonNegativeInt] | None = Field(
+    completion: list[Tokens] | None = Field(
         None,
         max_length=MAX_EXAMPLES,
         description="Completion tokens per example, EOS included (SFT text: the whole text; DPO: chosen).",
     )
-    rejected: list[NonNegativeInt] | None = Field(
+    rejected: list[Tokens] | None = Field(
         None, max_length=MAX_EXAMPLES, description="DPO / Reward: rejected completion tokens per example."
     )
 

@@ -29,6 +29,8 @@ import numpy as np
 
 from warmup.advise.data import ONLINE_TRAINERS, PreparedSplit
 
+# Epochs replayed in their own order; the job's later epochs count as their mean.
+REPLAYED_EPOCHS = 4
 # Forward-only passes cost about a third of a forward + backward per token (2N against 6N FLOPs).
 FORWARD_ONLY_WEIGHT = 1.0 / 3.0
 
@@ -84,13 +86,9 @@ def upfront_work(split: PreparedSplit, geometry: Geometry) -> float:
     """Work before the first step: DPO's reference precompute, one sequential forward pass over the data."""
     if geometry.precompute_batch is None:
         return 0.0
-    positions = shard_positions(split.examples, geometry.precompute_batch, geometry.world_size, False, True)
-    order = np.arange(split.examples)  # its own DataLoader, shuffle=False
-    slowest = np.zeros(max(len(p) for p in positions))
-    for rank_positions in positions:
-        for step, rows, width in _padded_batches(split, order, rank_positions, geometry.multiple):
-            slowest[step] = max(slowest[step], float(rows.size * width))
-    return float(slowest.sum()) * FORWARD_ONLY_WEIGHT
+    shards = shard_positions(split.examples, geometry.precompute_batch, geometry.world_size, False, True)
+    tokens, _ = batch_tokens(split, np.arange(split.examples), shards, geometry.multiple)  # shuffle=False
+    return float(_slowest(tokens, shards.steps).sum()) * FORWARD_ONLY_WEIGHT
 
 
 # --- SFT, DPO, Reward ---------------------------------------------------------------------------------
@@ -107,68 +105,138 @@ def epoch_order(examples: int, seed: int, epoch: int, *, sequential: bool) -> np
     return np.fromiter(iter(sampler), dtype=np.int64, count=examples)
 
 
+@dataclasses.dataclass(frozen=True)
+class Shards:
+    """Every process's batches of one epoch, as positions in the epoch's order."""
+
+    full: np.ndarray  # (processes, steps, batch): the first `steps` batches of every process, all full
+    tail: tuple[tuple[int, int, np.ndarray], ...]  # (process, step, positions): the batches after those
+
+    @property
+    def steps(self) -> int:
+        return max([int(self.full.shape[1]), *(step + 1 for _, step, _ in self.tail)])
+
+
 @functools.lru_cache(maxsize=32)
 def shard_positions(
     examples: int, batch: int, world_size: int, drop_last: bool, even_batches: bool
-) -> tuple[tuple[np.ndarray, ...], ...]:
-    """Per process, its batches as positions in the epoch's order, from torch's and accelerate's samplers.
+) -> Shards:
+    """Per process, its batches as positions in the epoch's order.
 
-    One process is left alone by accelerate (a short last batch); several go through `BatchSamplerShard`.
+    One process is left alone by accelerate: torch's BatchSampler, a short last batch unless drop_last.
+    Several: accelerate's `BatchSamplerShard._iter_with_no_split` (split_batches off), computed for all
+    processes in one pass rather than by iterating the sampler once per process (processes x examples
+    steps: minutes for hundreds of processes); `tests/advise/test_replay.py` holds it equal to the class.
     """
-    from torch.utils.data import BatchSampler
-
-    batches = BatchSampler(range(examples), batch, drop_last)
+    batches = [np.arange(s, min(s + batch, examples), dtype=np.int64) for s in range(0, examples, batch)]
+    if drop_last and batches and len(batches[-1]) < batch:
+        batches.pop()
+    per_process: list[list[np.ndarray]] = [[] for _ in range(world_size)]
     if world_size == 1:
-        return (tuple(np.asarray(b, dtype=np.int64) for b in batches),)
-    from accelerate.data_loader import BatchSamplerShard
-
-    return tuple(
-        tuple(
-            np.asarray(b, dtype=np.int64)
-            for b in BatchSamplerShard(
-                batches, world_size, rank, split_batches=False, even_batches=even_batches
-            )
-        )
-        for rank in range(world_size)
+        per_process[0] = batches
+    else:
+        _shard(batches, batch, world_size, drop_last=drop_last, even_batches=even_batches, out=per_process)
+    common = min(_leading_full(process, batch) for process in per_process)
+    full = np.asarray([process[:common] for process in per_process], dtype=np.int64)
+    tail = tuple(
+        (rank, step, positions)
+        for rank, process in enumerate(per_process)
+        for step, positions in enumerate(process)
+        if step >= common
     )
+    return Shards(full=full.reshape(world_size, common, batch), tail=tail)
+
+
+def _leading_full(batches: list[np.ndarray], size: int) -> int:
+    count = 0
+    while count < len(batches) and len(batches[count]) == size:
+        count += 1
+    return count
+
+
+def _shard(
+    batches: list[np.ndarray],
+    size: int,
+    world_size: int,
+    *,
+    drop_last: bool,
+    even_batches: bool,
+    out: list[list[np.ndarray]],
+) -> None:
+    """BatchSamplerShard: process r takes batch i when i % W == r, a group of W batches at a time once the
+    group's last batch is full; then, unless drop_last, the batches of the group left over, and with
+    even_batches batches filled from the start of the epoch until every process has as many."""
+    count, yielded = len(batches), 0
+    for group in range(count // world_size):
+        members = batches[group * world_size : (group + 1) * world_size]
+        if len(members[-1]) != size:
+            break  # only the last group can end short; it is handled below
+        for rank, positions in enumerate(members):
+            out[rank].append(positions)
+        yielded = (group + 1) * world_size
+    if drop_last or not batches:
+        return
+    pending = batches[yielded:]
+    if not even_batches:
+        for offset, positions in enumerate(pending):
+            out[offset % world_size].append(positions)
+        return
+    for offset, positions in enumerate(pending):
+        if len(positions) == size:
+            out[offset % world_size].append(positions)
+    initial = np.concatenate(batches[:world_size])
+    while len(initial) < world_size * size:
+        initial = np.concatenate([initial, initial])
+    index, current = count, np.empty(0, dtype=np.int64)
+    if len(batches[-1]) != size:  # the short last batch is completed from the start of the epoch
+        index, current = count - 1, batches[-1]
+    cycle = 0
+    while index % world_size != 0 or len(current) > 0:
+        end = cycle + size - len(current)
+        out[index % world_size].append(np.concatenate([current, initial[cycle:end]]))
+        cycle, current, index = end, np.empty(0, dtype=np.int64), index + 1
 
 
 def _offline_epochs(split: PreparedSplit, geometry: Geometry) -> Iterator[EpochWork]:
-    positions = shard_positions(
+    shards = shard_positions(
         split.examples, geometry.batch, geometry.world_size, geometry.drop_last, geometry.even_batches
     )
-    steps = max(len(p) for p in positions)
     weight = 1.0 + (FORWARD_ONLY_WEIGHT if geometry.reference_every_step else 0.0)
     epoch = 0
     while True:
         order = epoch_order(split.examples, geometry.seed, epoch, sequential=geometry.sequential)
-        slowest = np.zeros(steps)
-        padded = real = 0
-        for rank_positions in positions:
-            for step, rows, width in _padded_batches(split, order, rank_positions, geometry.multiple):
-                tokens = rows.size * width  # chosen and rejected rows stacked: 2B x width
-                slowest[step] = max(slowest[step], tokens * weight)
-                padded += tokens
-                real += int(rows.sum())
-        yield EpochWork(micro_work=slowest, padded=padded, real=real)
+        tokens, real = batch_tokens(split, order, shards, geometry.multiple)
+        yield EpochWork(
+            micro_work=_slowest(tokens, shards.steps) * weight, padded=int(tokens[0].sum()), real=real
+        )
         epoch += 1
 
 
-def _padded_batches(
-    split: PreparedSplit, order: np.ndarray, positions: tuple[np.ndarray, ...], multiple: int | None
-) -> Iterator[tuple[int, np.ndarray, int]]:
-    """(step, rows of the batch, padded width) for each batch of one process, the full batches at once."""
-    if not positions:
-        return
-    count = len(positions) - (len(positions[-1]) != len(positions[0]))  # a short last batch goes alone
-    if count:
-        stacked = split.rows[order[np.stack(positions[:count])]]  # (batches, B, rows per example)
-        widths = ceil_to(stacked.reshape(count, -1).max(axis=1), multiple)
-        for step in range(count):
-            yield step, stacked[step], int(widths[step])
-    for step in range(count, len(positions)):
-        rows = split.rows[order[positions[step]]]
-        yield step, rows, int(ceil_to(np.asarray(rows.max()), multiple))
+def batch_tokens(
+    split: PreparedSplit, order: np.ndarray, shards: Shards, multiple: int | None
+) -> tuple[np.ndarray, int]:
+    """For one epoch: (padded tokens of every batch of every process, and each one's step), and the real
+    tokens of them all. A batch's tensor is rows x ceil_m(its longest row); DPO / Reward stack the chosen
+    rows over the rejected rows (2B rows)."""
+    processes, steps, size = shards.full.shape
+    rows = split.rows[order[shards.full]]  # (processes, steps, batch, rows per example)
+    widths = ceil_to(rows.reshape(processes, steps, -1).max(axis=2, initial=0), multiple)
+    padded = [(widths * size * split.rows.shape[1]).ravel()]
+    step_of = [np.tile(np.arange(steps), processes)]
+    real = int(rows.sum())
+    for _, step, positions in shards.tail:
+        tail = split.rows[order[positions]]
+        padded.append(np.asarray([int(ceil_to(np.asarray(tail.max()), multiple)) * tail.size]))
+        step_of.append(np.asarray([step]))
+        real += int(tail.sum())
+    return np.stack([np.concatenate(padded), np.concatenate(step_of)]), real
+
+
+def _slowest(tokens: np.ndarray, steps: int) -> np.ndarray:
+    """Per step, the largest padded tokens of any process (the processes step in lockstep)."""
+    slowest = np.zeros(steps)
+    np.maximum.at(slowest, tokens[1], tokens[0].astype(float))
+    return slowest
 
 
 # --- GRPO, RLOO ---------------------------------------------------------------------------------------
@@ -253,7 +321,9 @@ def job_work(
     max_steps: int,
 ) -> JobWork:
     """The whole job: optimizer steps as transformers counts them (set_initial_training_values), each
-    consuming gradient_accumulation_steps micro-steps, the last of an epoch fewer."""
+    consuming gradient_accumulation_steps micro-steps, the last of an epoch fewer. The first
+    REPLAYED_EPOCHS epochs are replayed in their own orders; later ones count as their mean (a job of
+    many epochs over a small dataset would otherwise replay each)."""
     stream = epochs(split, geometry)
     first = next(stream)
     per_epoch = len(first.micro_work)
@@ -261,11 +331,16 @@ def job_work(
         return JobWork(steps=0, work=upfront_work(split, geometry), first_epoch=first)
     steps_per_epoch = max(math.ceil(per_epoch / gradient_accumulation_steps), 1)
     total_steps = max_steps if max_steps > 0 else math.ceil(num_train_epochs * steps_per_epoch)
-    work, left, epoch = upfront_work(split, geometry), total_steps, first
-    while left > 0:
+    work, left = upfront_work(split, geometry), total_steps
+    replayed: list[EpochWork] = []
+    while left > 0 and len(replayed) < REPLAYED_EPOCHS:
+        epoch = next(stream) if replayed else first
+        replayed.append(epoch)
         steps = min(left, steps_per_epoch)
         work += float(epoch.micro_work[: steps * gradient_accumulation_steps].sum())
         left -= steps
-        if left > 0:
-            epoch = next(stream)
+    if left > 0:
+        mean = np.mean([epoch.micro_work for epoch in replayed], axis=0)
+        full, rest = divmod(left, steps_per_epoch)
+        work += full * float(mean.sum()) + float(mean[: rest * gradient_accumulation_steps].sum())
     return JobWork(steps=total_steps, work=work, first_epoch=first)
