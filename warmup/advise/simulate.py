@@ -94,15 +94,20 @@ def upfront_work(split: PreparedSplit, geometry: Geometry) -> float:
 # --- SFT, DPO, Reward ---------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=8)
 def epoch_order(examples: int, seed: int, epoch: int, *, sequential: bool) -> np.ndarray:
-    """The Trainer's sampler order for one epoch (single process and every process alike)."""
+    """The Trainer's sampler order for one epoch (single process and every process alike). Cached: the
+    options that keep every example share it, and iterating the sampler costs a second per million."""
     if sequential:
-        return np.arange(examples)
-    from accelerate.data_loader import SeedableRandomSampler
+        order = np.arange(examples)
+    else:
+        from accelerate.data_loader import SeedableRandomSampler
 
-    sampler = SeedableRandomSampler(range(examples), data_seed=seed)
-    sampler.set_epoch(epoch)
-    return np.fromiter(iter(sampler), dtype=np.int64, count=examples)
+        sampler = SeedableRandomSampler(range(examples), data_seed=seed)
+        sampler.set_epoch(epoch)
+        order = np.fromiter(iter(sampler), dtype=np.int64, count=examples)
+    order.setflags(write=False)
+    return order
 
 
 @dataclasses.dataclass(frozen=True)
