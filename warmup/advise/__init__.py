@@ -306,25 +306,26 @@ def _candidates(
 
 def _evaluate(
     spec: Spec,
-    base_args: TrainerArgs,
+    args: TrainerArgs,
     lengths: DatasetLengths,
     setting: _Setting,
     completion_tokens: int | None,
     assumptions: list[str],
 ) -> tuple[_Setting, Plan, PreparedSplit, JobWork]:
-    args = base_args
     train = _prepare(spec, args, lengths.train, setting)
     evals = _prepare(spec, args, lengths.eval, setting) if lengths.eval is not None else None
-    option_spec = option_spec_for(spec, setting, data_facts(spec.trainer, train, evals))
+    facts = data_facts(spec.trainer, train, evals)
+    if evals is None and spec.data.num_eval_examples is not None:
+        facts["num_eval_examples"] = spec.data.num_eval_examples  # what the spec says of a split not given
+    option_spec = option_spec_for(spec, setting, facts)
     plan = plan_spec(option_spec)
-    args = resolve_trainer_args(option_spec)
-    geometry = _geometry(option_spec, args, completion_tokens, assumptions)
+    option = resolve_trainer_args(option_spec)
     work = job_work(
         train,
-        geometry,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        num_train_epochs=args.num_train_epochs,
-        max_steps=args.max_steps,
+        _geometry(option_spec, option, completion_tokens, assumptions),
+        gradient_accumulation_steps=option.gradient_accumulation_steps,
+        num_train_epochs=option.num_train_epochs,
+        max_steps=option.max_steps,
     )
     return setting, plan, train, work
 
