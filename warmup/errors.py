@@ -50,6 +50,15 @@ class PlanTooLargeError(SpecError):
     """The spec plans more signatures than the service accepts."""
 
 
+class EmptyPlanError(SpecError):
+    """The job compiles, but the spec lacks what its shapes are computed from: a plan of no signatures
+    would warm nothing and report success. Names the missing fact."""
+
+
+class DatasetError(SpecError):
+    """The dataset whose facts were asked for cannot be read as the trainer reads it."""
+
+
 class ModelConfigError(WarmupError):
     """The model's config.json (or tokenizer) cannot be read."""
 

@@ -125,13 +125,21 @@ def test_unknown_arg_names_the_field_and_suggests():
     with pytest.raises(SpecError) as error:
         resolve_trainer_args(load_spec(spec_dict(args={"max_lenght": 512})))
     assert problems(error.value) == {
-        "args.max_lenght": "unknown field for SFTConfig; did you mean 'max_length'?"
+        "args.max_lenght": "`trl sft` refuses it (accelerate launch: unrecognized arguments: --max_lenght); "
+        "not a field of any dataclass `trl sft` reads; did you mean `max_length`?"
     }
 
 
 def test_wrong_type_names_the_field():
     with pytest.raises(SpecError) as error:
         resolve_trainer_args(load_spec(spec_dict(args={"per_device_train_batch_size": "four"})))
+    assert list(problems(error.value)) == ["args.per_device_train_batch_size"]
+    assert "invalid int value: 'four'" in str(error.value)  # TRL's parser's own words
+
+
+def test_a_value_of_the_wrong_kind_that_is_not_text_names_the_field():
+    with pytest.raises(SpecError) as error:
+        resolve_trainer_args(load_spec(spec_dict(args={"per_device_train_batch_size": [4]})))
     assert list(problems(error.value)) == ["args.per_device_train_batch_size"]
     assert "expected int" in str(error.value)
 

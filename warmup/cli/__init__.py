@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from warmup.cli import advise, local, pod, service, submit
-from warmup.errors import WarmupError
+from warmup.errors import SpecError, WarmupError
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -38,6 +38,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def describe(error: WarmupError) -> str:
+    """One line, or for a spec with several problems one line per problem, each with its field."""
+    problems = getattr(error, "problems", None)
+    if isinstance(error, SpecError) and problems and len(problems) > 1:
+        return f"invalid spec ({len(problems)} problems):\n" + "\n".join(f"  {p}" for p in problems)
+    return str(error)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
@@ -46,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(ns.func(ns))
     except WarmupError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {describe(error)}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
