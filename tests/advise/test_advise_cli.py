@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import yaml
 
@@ -78,3 +79,28 @@ def test_errors_name_the_field(tiny_model_dir, tmp_path, capsys):
     broken.write_text(json.dumps({"train": {"prompt": [3, 4], "completion": [5]}}))
     assert main(["advise", spec, "--lengths", str(broken)]) == 2
     assert "dataset.train: the columns differ in length" in capsys.readouterr().err
+
+
+def test_dataset_is_read_with_the_facts_api(tiny_model_dir, tmp_path, capsys):
+    """--dataset (or the config's own `dataset:`) tokenizes the dataset as the trainer does: the same advice as
+    from the lengths the facts API reads."""
+    from tests.support.tiny_model import words
+    from warmup.advise import lengths_from_facts
+    from warmup.facts import dataset_facts
+
+    rng = random.Random(2)
+    rows = DISTRIBUTIONS["bimodal"](rng, 120, 3, 400)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": words(n)}) + "\n" for n in rows))
+    spec, _ = write_job(tmp_path, tiny_model_dir, max_length=256)
+    assert main(["advise", spec, "--dataset", str(data), "--format", "json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = advise(load_spec(spec), lengths_from_facts("sft", dataset_facts(load_spec(spec), data)))
+    assert printed == expected.model_dump(mode="json")
+    # TRL appends EOS to plain text: every row is one token longer than its words
+    assert printed["current"]["real_tokens"] == sum(min(n + 1, 256) for n in rows)
+
+    named = tmp_path / "named.yaml"
+    named.write_text(yaml.safe_dump({**yaml.safe_load(Path(spec).read_text()), "dataset": str(data)}))
+    assert main(["advise", str(named), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["options"] == printed["options"]

@@ -10,6 +10,7 @@ index, as `accelerator.prepare` builds it on each of them. The advisor must give
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -19,7 +20,7 @@ from tests.support.length_data import DISTRIBUTIONS
 from tests.support.preference_runs import pair
 from tests.support.shape_recorder import CPU_ARGS
 from tests.support.tiny_model import init_model, words
-from warmup.advise import DatasetLengths, SplitLengths, advise, replay_epochs
+from warmup.advise import DatasetLengths, SplitLengths, advise, lengths_from_facts, replay_epochs
 from warmup.spec import load_spec
 
 
@@ -78,19 +79,14 @@ def collated(loaders: list, epochs: int = 1) -> list[tuple[int, int]]:
     return counts
 
 
-def lengths_seen_by(trainer) -> SplitLengths:
-    """Per-example lengths from TRL's own preprocessing (a trainer built without max_length)."""
-    data = trainer.train_dataset
-    if "chosen_ids" in data.column_names:  # DPO: the prompt apart; Reward: whole rows
-        return SplitLengths.of(
-            prompt=[len(x) for x in data["prompt_ids"]] if "prompt_ids" in data.column_names else None,
-            completion=[len(x) for x in data["chosen_ids"]],
-            rejected=[len(x) for x in data["rejected_ids"]],
-        )
-    full = [len(x) for x in data["input_ids"]]
-    # SFT turns the completion mask into labels: -100 on the prompt when the loss is on completions only.
-    prompt = [sum(label == -100 for label in x) for x in data["labels"]]
-    return SplitLengths.of(prompt=prompt, completion=[f - p for f, p in zip(full, prompt, strict=True)])
+def dataset_lengths(spec, examples: list[dict], tmp_path) -> DatasetLengths:
+    """Per-example lengths as the facts API reads them from the dataset file: the model's tokenizer and the
+    trainer's own preprocessing (and its drops under the job's max_length)."""
+    from warmup.facts import dataset_facts
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(example) + "\n" for example in examples))
+    return lengths_from_facts(spec.trainer, dataset_facts(spec, path))
 
 
 def build_sft(model_dir, tmp_path, args: dict, dataset):
@@ -162,27 +158,20 @@ def test_sft_language_modelling(tiny_model_dir, tmp_path, distribution, world_si
 
 @pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
 def test_sft_prompt_completion_drops_prompts_that_fill_max_length(tiny_model_dir, tmp_path, distribution):
-    """Completion-only loss: an example whose prompt alone fills max_length has no label left and TRL drops it;
-    the lengths come from TRL's own preprocessing (a trainer without max_length)."""
+    """Completion-only loss: an example whose prompt alone fills max_length has no label left and TRL drops it.
+    The lengths come from the dataset file through the facts API."""
     from datasets import Dataset
 
     rng = random.Random(3)
     prompts = DISTRIBUTIONS[distribution](rng, 50, 2, 120)
-    completions = [rng.randint(1, 60) for _ in prompts]
-    dataset = Dataset.from_dict(
-        {
-            "prompt": [words(p) for p in prompts],
-            "completion": [" " + words(c, 40) for c in completions],
-        }
-    )
-    args = {"per_device_train_batch_size": 3, "pad_to_multiple_of": 8, "seed": 9}
-    lengths = lengths_seen_by(build_sft(tiny_model_dir, tmp_path, {**args, "max_length": None}, dataset))
-    args["max_length"] = 64
-    truth = collated(loaders(build_sft(tiny_model_dir, tmp_path, args, dataset), 1))
+    examples = [{"prompt": words(p), "completion": " " + words(rng.randint(1, 60), 40)} for p in prompts]
+    args = {"per_device_train_batch_size": 3, "pad_to_multiple_of": 8, "seed": 9, "max_length": 64}
+    truth = collated(loaders(build_sft(tiny_model_dir, tmp_path, args, Dataset.from_list(examples)), 1))
 
-    advice = advise(spec_for("sft", tiny_model_dir, args), DatasetLengths(train=lengths))
+    spec = spec_for("sft", tiny_model_dir, args)
+    advice = advise(spec, dataset_lengths(spec, examples, tmp_path))
     assert (advice.current.padded_tokens, advice.current.real_tokens) == truth[0]
-    assert advice.current.examples_dropped == sum(p >= 64 for p in lengths.prompt) > 0
+    assert advice.current.examples_dropped == sum(p >= 64 for p in prompts) > 0  # no EOS or BOS in a prompt
 
 
 # --- DPO ----------------------------------------------------------------------------------------------
@@ -196,11 +185,10 @@ def test_dpo_chosen_and_rejected_rows(tiny_model_dir, tmp_path, distribution, wo
     prompts = DISTRIBUTIONS[distribution](rng, 45, 2, 90)
     examples = [pair(p, p + rng.randint(1, 50), p + rng.randint(1, 50)) for p in prompts]
     args = {"per_device_train_batch_size": 3, "max_length": 80, "pad_to_multiple_of": 32, "seed": 2}
-    trainer = build_preference("dpo", tiny_model_dir, tmp_path, {**args, "max_length": None}, examples)
-    lengths = lengths_seen_by(trainer)
     truth = collated(loaders(build_preference("dpo", tiny_model_dir, tmp_path, args, examples), world_size))
 
-    advice = advise(spec_for("dpo", tiny_model_dir, args, world_size), DatasetLengths(train=lengths))
+    spec = spec_for("dpo", tiny_model_dir, args, world_size)
+    advice = advise(spec, dataset_lengths(spec, examples, tmp_path))
     assert (advice.current.padded_tokens, advice.current.real_tokens) == truth[0]
     assert advice.current.examples_dropped == sum(p >= 80 for p in prompts)
 
@@ -214,17 +202,16 @@ def test_reward_drops_pairs_with_a_row_past_max_length(
     prompts = DISTRIBUTIONS[distribution](rng, 41, 2, 70)
     examples = [pair(p, p + rng.randint(1, 40), p + rng.randint(1, 40)) for p in prompts]
     args = {"per_device_train_batch_size": 3, "max_length": 72, "pad_to_multiple_of": 16, "seed": 4}
-    build = build_preference
-    lengths = lengths_seen_by(
-        build("reward", tiny_reward_model_dir, tmp_path, {**args, "max_length": None}, examples)
-    )
-    truth = collated(loaders(build("reward", tiny_reward_model_dir, tmp_path, args, examples), world_size))
+    trainer = build_preference("reward", tiny_reward_model_dir, tmp_path, args, examples)
+    truth = collated(loaders(trainer, world_size))
 
     spec = spec_for("reward", tiny_reward_model_dir, args, world_size)
-    advice = advise(spec, DatasetLengths(train=lengths))
+    advice = advise(spec, dataset_lengths(spec, examples, tmp_path))
     assert (advice.current.padded_tokens, advice.current.real_tokens) == truth[0]
-    longest = np.maximum(lengths.completion, lengths.rejected)
-    assert advice.current.examples_dropped == int((longest > 72).sum()) > 0
+    longest = [
+        max(len(e["prompt"].split()) + len(e[k].split()) for k in ("chosen", "rejected")) for e in examples
+    ]
+    assert advice.current.examples_dropped == sum(n > 72 for n in longest) > 0
 
 
 # --- GRPO ---------------------------------------------------------------------------------------------
@@ -281,8 +268,10 @@ def test_grpo_prompt_and_completion_padding(tiny_model_dir, tmp_path, distributi
             real += sum(int(m.sum()) for m in masks)
         truth.append((padded, real))
 
-    data = DatasetLengths(train=SplitLengths.of(prompt=prompts))
-    advice = advise(spec_for(kind, tiny_model_dir, args), data, completion_tokens=completion)
+    spec = spec_for(kind, tiny_model_dir, args)
+    data = dataset_lengths(spec, [{"prompt": words(p)} for p in prompts], tmp_path)
+    assert data.train.prompt.tolist() == prompts
+    advice = advise(spec, data, completion_tokens=completion)
     assert (advice.current.padded_tokens, advice.current.real_tokens) == truth[0]
     assert _epochs(kind, tiny_model_dir, args, 1, data, 2, completion_tokens=completion) == truth
 

@@ -36,6 +36,7 @@ from warmup.advise.data import (
     PreparedSplit,
     SplitLengths,
     data_facts,
+    lengths_from_facts,
     lengths_from_histogram,
     load_lengths,
     prepare,
@@ -58,6 +59,7 @@ __all__ = [
     "DatasetLengths",
     "SplitLengths",
     "advise",
+    "lengths_from_facts",
     "lengths_from_histogram",
     "load_lengths",
     "replay_epochs",
@@ -170,7 +172,9 @@ def advise(
     else:
         step_costs = StepCosts.seed(read_model_facts(spec.model), spec.target.device)
     options = [
-        _option(setting, plan, split, work, setting == current, compile_costs, step_costs, spec)
+        _option(
+            setting, plan, split, work, setting == current, compile_costs, step_costs, spec, lengths.dropped
+        )
         for setting, plan, split, work in evaluated
     ]
     current_option = next(o for o in options if o.current)
@@ -434,6 +438,7 @@ def _option(
     compile_costs: CompileCosts,
     step_costs: StepCosts,
     spec: Spec,
+    dropped_before: int,
 ) -> AdviceOption:
     compile_seconds = sum(compile_costs.seconds(s) for s in plan.signatures)
     train_seconds = work.work * step_costs.seconds_per_token
@@ -451,7 +456,7 @@ def _option(
         train_seconds=train_seconds,
         projected_seconds=compile_seconds + train_seconds,
         examples_truncated=split.truncated,
-        examples_dropped=split.dropped,
+        examples_dropped=split.dropped + dropped_before,
         warnings=plan.warnings,
     )
 

@@ -20,12 +20,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from warmup.errors import FieldProblem, SpecError
+
+if TYPE_CHECKING:
+    from warmup.facts import DatasetFacts, SplitFacts
 
 PREFERENCE_TRAINERS = frozenset({"dpo", "reward"})
 ONLINE_TRAINERS = frozenset({"grpo", "rloo"})
@@ -53,13 +56,13 @@ class SplitLengths:
     @classmethod
     def of(
         cls,
-        prompt: Sequence[int] | None = None,
-        completion: Sequence[int] | None = None,
-        rejected: Sequence[int] | None = None,
+        prompt: Sequence[int] | np.ndarray | None = None,
+        completion: Sequence[int] | np.ndarray | None = None,
+        rejected: Sequence[int] | np.ndarray | None = None,
     ) -> SplitLengths:
         size = len(prompt if prompt is not None else completion or [])
 
-        def column(values: Sequence[int] | None) -> np.ndarray:
+        def column(values: Sequence[int] | np.ndarray | None) -> np.ndarray:
             return np.asarray(values, dtype=np.int64) if values is not None else np.zeros(size, np.int64)
 
         return cls(
@@ -87,6 +90,9 @@ class DatasetLengths:
     train: SplitLengths
     eval: SplitLengths | None = None
     source: str = ""  # where the lengths came from, for messages and reports
+    # Training examples already gone from `train`: what TRL's preparation drops under the job's own settings
+    # (the facts API reads the dataset that way). Every option drops them too: none lengthens max_length.
+    dropped: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,6 +264,38 @@ def load_lengths(path: str | Path) -> DatasetLengths:
         ]
         raise SpecError(problems) from None
     return document.lengths(str(path))
+
+
+def lengths_from_facts(trainer: str, facts: DatasetFacts) -> DatasetLengths:
+    """The lengths `warmup.facts.dataset_facts` read from the dataset with the model's tokenizer and the
+    trainer's preprocessing: rows in dataset order (DPO / Reward: chosen then rejected per pair), untruncated,
+    and each kept example's prompt."""
+
+    def split(facts_split: SplitFacts) -> SplitLengths:
+        if facts_split.packed_lengths is not None:
+            raise SpecError(
+                "warmup advise compares padded batches; with packing there is no padding to trade: "
+                "set packing: false",
+                loc="args.packing",
+            )
+        rows = np.asarray(facts_split.lengths, dtype=np.int64)
+        prompt = facts_split.prompt_lengths
+        prompts = np.asarray(prompt, dtype=np.int64) if prompt is not None else None
+        if trainer in ONLINE_TRAINERS:
+            return SplitLengths.of(prompt=prompts if prompts is not None else np.zeros(0, np.int64))
+        if prompts is None:
+            prompts = np.zeros(len(rows) // (2 if trainer in PREFERENCE_TRAINERS else 1), np.int64)
+        if trainer in PREFERENCE_TRAINERS:
+            chosen, rejected = rows[0::2], rows[1::2]
+            return SplitLengths(prompt=prompts, completion=chosen - prompts, rejected=rejected - prompts)
+        return SplitLengths(prompt=prompts, completion=rows - prompts)
+
+    return DatasetLengths(
+        train=split(facts.train),
+        eval=split(facts.eval) if facts.eval is not None and facts.eval.kept else None,
+        source=facts.source,
+        dropped=facts.train.dropped,
+    )
 
 
 def lengths_from_histogram(trainer: str, histogram: dict[int, int] | None) -> DatasetLengths:

@@ -6,12 +6,13 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from warmup.cli.common import add_spec_arguments, load_spec_from_args
+from warmup.cli.common import add_spec_arguments, target_overrides
 from warmup.errors import SpecError
 from warmup.formatting import format_duration, format_table
 
 if TYPE_CHECKING:
-    from warmup.advise import Advice, AdviceOption
+    from warmup.advise import Advice, AdviceOption, DatasetLengths
+    from warmup.spec import Spec
 
 BAR_WIDTH = 40
 
@@ -22,11 +23,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="compare pad_to_multiple_of (and max_length) settings: compiles against padding, whole-job time",
     )
     add_spec_arguments(advise)
-    advise.add_argument(
+    source = advise.add_mutually_exclusive_group()
+    source.add_argument(
+        "--dataset",
+        help="a local dataset (JSON / JSONL / Parquet / CSV / Arrow file, a save_to_disk directory), tokenized as "
+        "the trainer does with the model's tokenizer; default: the config's own dataset (`dataset:`, or TRL's "
+        "dataset_name when it resolves locally), else an SFT spec's data.length_histogram",
+    )
+    source.add_argument(
         "--lengths",
         metavar="FILE",
-        help='per-example token lengths, JSON: {"train": {"prompt": [...], "completion": [...], "rejected": [...]}}; '
-        "without it, an SFT spec's data.length_histogram",
+        help='per-example token lengths instead, JSON: {"train": {"prompt": [...], "completion": [...], '
+        '"rejected": [...]}}',
+    )
+    advise.add_argument(
+        "--sample", type=int, help="read only the first N examples of each split (an estimate)"
     )
     advise.add_argument(
         "--multiples",
@@ -70,13 +81,9 @@ def _multiples(text: str) -> list[int | None]:
 
 
 def cmd_advise(ns: argparse.Namespace) -> int:
-    from warmup.advise import advise, lengths_from_histogram, load_lengths
+    from warmup.advise import advise
 
-    spec = load_spec_from_args(ns)
-    if ns.lengths:
-        lengths = load_lengths(ns.lengths)
-    else:
-        lengths = lengths_from_histogram(spec.trainer, spec.data.length_histogram)
+    spec, lengths = _spec_and_lengths(ns)
     if ns.step_seconds is not None and ns.step_seconds <= 0:
         raise SpecError("must be a positive number of seconds", loc="--step-seconds")
     advice = advise(
@@ -92,6 +99,29 @@ def cmd_advise(ns: argparse.Namespace) -> int:
     else:
         print(format_advice(advice))
     return 0
+
+
+def _spec_and_lengths(ns: argparse.Namespace) -> tuple[Spec, DatasetLengths]:
+    """The job, and its dataset's lengths: --lengths, else the dataset read with the facts API (--dataset, the
+    config's `dataset:` or TRL's dataset selection), else the spec's length histogram."""
+    from warmup.advise import lengths_from_facts, lengths_from_histogram, load_lengths
+    from warmup.spec import load_job
+
+    job = load_job(ns.spec, trainer=ns.trainer, target=target_overrides(ns), with_dataset_facts=False)
+    spec = job.spec
+    if ns.lengths:
+        return spec, load_lengths(ns.lengths)
+    dataset = ns.dataset or job.dataset
+    if dataset is None and not job.selection:
+        return spec, lengths_from_histogram(spec.trainer, spec.data.length_histogram)
+    from warmup.facts import dataset_facts, progress_bar
+
+    sample = ns.sample if ns.sample is not None else job.sample
+    if dataset is not None:
+        facts = dataset_facts(spec, dataset, sample=sample, progress=progress_bar())
+    else:  # the config's own dataset selection (TRL's dataset_name / datasets), read from the file
+        facts = dataset_facts(ns.spec, trainer=ns.trainer, sample=sample, progress=progress_bar())
+    return spec, lengths_from_facts(spec.trainer, facts)
 
 
 def option_label(option: AdviceOption) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from warmup.spec import Spec
@@ -21,12 +21,17 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, help="override the spec's number of training processes")
 
 
-def load_spec_from_args(ns: argparse.Namespace) -> Spec:
-    from warmup.spec import load_spec
-
+def target_overrides(ns: argparse.Namespace) -> dict[str, Any] | None:
+    """--backend, --device and --world-size, as a spec's `target` fields (None when none is given)."""
     target = {
         key: value
         for key, value in (("backend", ns.backend), ("device", ns.device), ("world_size", ns.world_size))
         if value is not None
     }
-    return load_spec(ns.spec, trainer=ns.trainer, target=target or None)
+    return target or None
+
+
+def load_spec_from_args(ns: argparse.Namespace) -> Spec:
+    from warmup.spec import load_spec
+
+    return load_spec(ns.spec, trainer=ns.trainer, target=target_overrides(ns))
