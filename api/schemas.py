@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from warmup.advise.data import LengthsDocument
+from warmup.advise.data import MAX_TOKENS, LengthsDocument
 from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.toolchain import Toolchain
@@ -129,7 +129,7 @@ class AdviceRequest(_Body):
         None, description="Use the compile seconds recorded under this toolchain (else seed figures)."
     )
     pool: str | None = Field(None, max_length=128, description="Or: the toolchain of this worker pool.")
-    multiples: list[PositiveInt | None] | None = Field(
+    multiples: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None] | None = Field(
         None, max_length=32, description="Candidate pad_to_multiple_of values (null: no padding)."
     )
     max_truncated: float = Field(

@@ -184,3 +184,10 @@ def test_refusals_name_the_field(tiny_model_dir):
     dpo = load_spec(spec_document("dpo", tiny_model_dir, BASE_ARGS["dpo"]))
     with pytest.raises(SpecError, match="rejected"):
         advise(dpo, lengths)
+    sft = load_spec(spec_document("sft", tiny_model_dir, BASE_ARGS["sft"]))
+    with pytest.raises(SpecError, match="multiples: a padding multiple must be in"):
+        advise(sft, lengths, multiples=[64, 1 << 40])
+    huge = spec_document("sft", tiny_model_dir, {**BASE_ARGS["sft"], "per_device_train_batch_size": 4096})
+    huge["target"]["world_size"] = 4096
+    with pytest.raises(SpecError, match="per_device_train_batch_size: .* rows a step"):
+        advise(load_spec(huge), lengths)

@@ -31,6 +31,7 @@ from warmup.advise.cost import StepCosts
 from warmup.advise.data import (
     ADVISED_TRAINERS,
     HISTOGRAM_SOURCE,
+    MAX_TOKENS,
     ONLINE_TRAINERS,
     DatasetLengths,
     PreparedSplit,
@@ -145,6 +146,7 @@ def advise(
         raise SpecError(f"must be a share in [0, 1), got {max_truncated}", loc="max_truncated")
     args = resolve_trainer_args(spec)
     _check_padded_batches(spec, args)
+    _check_bounds(spec, args, multiples)
     current = _Setting(args.pad_to_multiple_of, _max_length(spec, args), None)
     online = spec.trainer in ONLINE_TRAINERS
     key = _truncation_key(spec, args, lengths.train)
@@ -260,6 +262,27 @@ def _check_padded_batches(spec: Spec, args: TrainerArgs) -> None:
         raise SpecError(
             "warmup advise replays accelerate's default sharding (split_batches and dispatch_batches off)",
             loc="args.accelerator_config",
+        )
+
+
+# Rows of one step over every process that the replay holds in memory at once: far above any real job.
+MAX_ROWS_PER_STEP = 1 << 22
+
+
+def _check_bounds(spec: Spec, args: TrainerArgs, multiples: Sequence[int | None] | None) -> None:
+    """Refuse, before any work, numbers no job has that would make the replay overflow or fill memory."""
+    for multiple in [args.pad_to_multiple_of, *(multiples or [])]:
+        if multiple is not None and not 0 < multiple <= MAX_TOKENS:
+            loc = "args.pad_to_multiple_of" if multiple == args.pad_to_multiple_of else "multiples"
+            raise SpecError(f"a padding multiple must be in 1..{MAX_TOKENS}, not {multiple}", loc=loc)
+    rows = args.per_device_train_batch_size * spec.target.world_size
+    if spec.trainer in ONLINE_TRAINERS:
+        rows *= args.steps_per_generation
+    if rows > MAX_ROWS_PER_STEP:
+        raise SpecError(
+            f"per_device_train_batch_size x world_size{' x steps_per_generation' if spec.trainer in ONLINE_TRAINERS else ''}"
+            f" is {rows} rows a step, more than warmup advise replays ({MAX_ROWS_PER_STEP})",
+            loc="args.per_device_train_batch_size",
         )
 
 
