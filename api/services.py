@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 from sqlalchemy import Engine, text
 
-from warmup.advise import Advice, advise, lengths_from_histogram
+from warmup.advise import Advice, advise
 from warmup.db.engine import make_engine
 from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
@@ -180,10 +180,9 @@ class Services:
         def compute() -> tuple[Advice | None]:
             if spec.trainer != "sft" or not spec.data.length_histogram:
                 return (None,)
-            lengths = lengths_from_histogram(spec.trainer, spec.data.length_histogram)
             costs = self.recorded_compile_costs(toolchain_key, spec.target.backend)
             try:
-                return (advise(spec, lengths, compile_costs=costs),)
+                return (advise(spec, compile_costs=costs),)
             except WarmupError:
                 return (None,)  # e.g. packing, or a model config no longer readable: the page shows none
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from api.deps import ReadAccess, ServicesDep
 from api.schemas import AdviceRequest
-from warmup.advise import Advice, advise, lengths_from_histogram
+from warmup.advise import Advice, advise
 
 router = APIRouter(prefix="/v1", tags=["advice"])
 
@@ -19,10 +19,7 @@ router = APIRouter(prefix="/v1", tags=["advice"])
 )
 def create_advice(body: AdviceRequest, services: ServicesDep) -> Advice:
     spec = body.spec
-    if body.dataset is not None:
-        lengths = body.dataset.lengths("the request's dataset")
-    else:
-        lengths = lengths_from_histogram(spec.trainer, spec.data.length_histogram)
+    lengths = body.dataset.lengths("the request's dataset") if body.dataset is not None else None
     toolchain = body.toolchain
     if body.pool is not None:
         toolchain = services.pool_toolchain(body.pool, spec.target.world_size)

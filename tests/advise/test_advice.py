@@ -189,5 +189,5 @@ def test_refusals_name_the_field(tiny_model_dir):
         advise(sft, lengths, multiples=[64, 1 << 40])
     huge = spec_document("sft", tiny_model_dir, {**BASE_ARGS["sft"], "per_device_train_batch_size": 4096})
     huge["target"]["world_size"] = 4096
-    with pytest.raises(SpecError, match="per_device_train_batch_size: .* rows a step"):
+    with pytest.raises(SpecError, match=r"per_device_train_batch_size: .* rows a step"):
         advise(load_spec(huge), lengths)

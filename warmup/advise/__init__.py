@@ -121,7 +121,7 @@ class Advice(BaseModel):
 
 def advise(
     spec: Spec,
-    lengths: DatasetLengths,
+    lengths: DatasetLengths | None = None,
     *,
     multiples: Sequence[int | None] | None = None,
     max_truncated: float = 0.0,
@@ -131,6 +131,7 @@ def advise(
 ) -> Advice:
     """Evaluate the job as configured and each candidate setting; recommend the fastest.
 
+    `lengths`: the dataset's per-example lengths; None takes an SFT spec's data.length_histogram.
     `max_truncated`: the share of training examples an option may cut or drop (0: none beyond what the job's
     own max_length does). `completion_tokens`: GRPO / RLOO, the assumed length of every completion (default:
     the generation limit). `step_seconds`: one measured optimizer step of the job as configured.
@@ -147,6 +148,9 @@ def advise(
     args = resolve_trainer_args(spec)
     _check_padded_batches(spec, args)
     _check_bounds(spec, args, multiples)
+    model = read_model_facts(spec.model)  # a model that cannot be read is the problem to name first
+    if lengths is None:
+        lengths = lengths_from_histogram(spec.trainer, spec.data.length_histogram)
     current = _Setting(args.pad_to_multiple_of, _max_length(spec, args), None)
     online = spec.trainer in ONLINE_TRAINERS
     key = _truncation_key(spec, args, lengths.train)
@@ -172,7 +176,7 @@ def advise(
             raise SpecError("the job as configured makes no step to calibrate against", loc="step_seconds")
         step_costs = StepCosts.measured(step_seconds, current_work.work / current_work.steps)
     else:
-        step_costs = StepCosts.seed(read_model_facts(spec.model), spec.target.device)
+        step_costs = StepCosts.seed(model, spec.target.device)
     options = [
         _option(
             setting, plan, split, work, setting == current, compile_costs, step_costs, spec, lengths.dropped

@@ -101,10 +101,10 @@ def cmd_advise(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _spec_and_lengths(ns: argparse.Namespace) -> tuple[Spec, DatasetLengths]:
+def _spec_and_lengths(ns: argparse.Namespace) -> tuple[Spec, DatasetLengths | None]:
     """The job, and its dataset's lengths: --lengths, else the dataset read with the facts API (--dataset, the
     config's `dataset:` or TRL's dataset selection), else the spec's length histogram."""
-    from warmup.advise import lengths_from_facts, lengths_from_histogram, load_lengths
+    from warmup.advise import lengths_from_facts, load_lengths
     from warmup.spec import load_job
 
     job = load_job(ns.spec, trainer=ns.trainer, target=target_overrides(ns), with_dataset_facts=False)
@@ -113,7 +113,7 @@ def _spec_and_lengths(ns: argparse.Namespace) -> tuple[Spec, DatasetLengths]:
         return spec, load_lengths(ns.lengths)
     dataset = ns.dataset or job.dataset
     if dataset is None and not job.selection:
-        return spec, lengths_from_histogram(spec.trainer, spec.data.length_histogram)
+        return spec, None  # the spec's length histogram
     from warmup.facts import dataset_facts, progress_bar
 
     sample = ns.sample if ns.sample is not None else job.sample
