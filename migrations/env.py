@@ -7,7 +7,7 @@ tests), `-x url=...` on the command line, `sqlalchemy.url` set on the Config, or
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 from alembic import context
 from sqlalchemy import Connection
@@ -30,7 +30,7 @@ def database_url() -> str:
     return url
 
 
-def render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:
+def render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[False]:
     # Migrations must not import application types: render our UTC wrapper as the column it stores.
     if type_ == "type" and isinstance(obj, UTCDateTime):
         return "sa.DateTime(timezone=True)"

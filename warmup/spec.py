@@ -41,7 +41,8 @@ TRAINER_KINDS: tuple[str, ...] = get_args(TrainerKind)
 Backend = Literal["neuron", "inductor"]
 Device = Literal["neuron", "cuda", "cpu"]
 
-# The only NEURON_RT_VISIBLE_CORES groups a worker or training process may take (see DESIGN.md).
+# The only NEURON_RT_VISIBLE_CORES groups a worker or training process may take
+# (docs/compile-caches.md, 'NeuronCore groups').
 SUPPORTED_NEURON_CORE_GROUPS = ("0", "1", "2", "3", "0,1", "2,3", "0-1", "2-3", "0-3")
 
 # Keys a spec or a side file carries for trl-warmup itself; `trl` never sees them.

@@ -5,7 +5,7 @@ device)`; the cache built by one is only used by the other when the two are equa
 toolchain (sha256 of its canonical JSON) and `diff()` names the fields that differ, which is what
 `ToolchainMismatchError` reports.
 
-What goes in, and why (see shared/notes):
+What goes in, and why (docs/compile-caches.md, sections 2-4):
 - torch version and `torch_key` (a hash of every torch source file: Inductor's keys contain it);
 - transformers, trl, accelerate: they decide which graphs a trainer produces;
 - Python version: not in Inductor's key, but in Dynamo's precompile checks and in pickled entries;
@@ -130,7 +130,7 @@ class Toolchain(BaseModel):
         """Fields that differ, as {field: (ours, theirs)}; environment variables as `env.NAME`."""
         ours, theirs = self.model_dump(mode="json"), other.model_dump(mode="json")
         differences: dict[str, tuple[Any, Any]] = {}
-        for field in self.model_fields:
+        for field in type(self).model_fields:
             if field == "env":
                 continue
             if ours[field] != theirs[field]:

@@ -8,7 +8,8 @@ lease. A failed rehearsal is retried with backoff by the queue, then recorded wi
 When a task completes a job (every signature ready), the worker publishes the job's manifest into
 the bucket, after its blobs, so that pods with bucket credentials can pull while the API is down.
 
-Workers meet the API only in the database and the blob store (docs/architecture.md).
+Workers and the API never import each other: they meet only in the database and the blob store
+(docs/architecture.md).
 """
 
 from __future__ import annotations

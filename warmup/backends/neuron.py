@@ -1,7 +1,7 @@
 """TorchNeuron (the native `neuron` device of torch-neuronx on AWS Trainium).
 
 NOT YET VERIFIED ON TRAINIUM. This backend is written against TorchNeuron's documented and
-source-read behaviour (shared/notes/neuron-compile-cache.md) and tested here only where no hardware
+source-read behaviour (docs/compile-caches.md, section 4) and tested here only where no hardware
 is needed: its environment, and artifact collection over a directory laid out as TorchNeuron lays
 it out. Run the end-to-end proof on a trn instance before relying on it.
 

@@ -1,6 +1,6 @@
 """Spec -> plan: the exact set of signatures a TRL job will hit, plus warnings for what cannot be listed.
 
-One module per trainer family, each following `shared/notes/trl-shapes.md` (TRL 1.16.0):
+One module per trainer family, each following the TRL 1.16 rules in docs/trl-shapes.md:
 sft (SFT), preference (DPO, KTO, Reward), online (GRPO, RLOO), distillation.
 
 `plan()` is pure Python once the model config is read and the args are resolved; `plan_spec()`

@@ -1,6 +1,6 @@
 """What every trainer family's planner shares: padding buckets, batch sizes, the plan under construction.
 
-The rules follow `shared/notes/trl-shapes.md` (TRL 1.16.0): TRL pads each batch to
+The rules are TRL 1.16's (docs/trl-shapes.md, sections 1-3): TRL pads each batch to
 `ceil_m(longest row in the batch)` with no cap at max_length, so the reachable lengths are the
 multiples of m from the smallest possible batch maximum to `ceil_m(longest possible row)`.
 """
@@ -87,7 +87,7 @@ def partial_batch(num_examples: int | None, batch: int, *, drop_last: bool, worl
     """Rows in the short last batch of an epoch, if there is one.
 
     Only a single process sees it: with several processes accelerate's even_batches fills the last
-    batch by cycling samples from the start of the epoch (trl-shapes.md section 3.6).
+    batch by cycling samples from the start of the epoch (docs/trl-shapes.md, section 3).
     """
     if num_examples is None or drop_last or world_size > 1:
         return None

@@ -1,4 +1,4 @@
-"""DistillationTrainer: student generation, student train, teacher forward. trl-shapes.md sections 4.4 and 5.
+"""DistillationTrainer: student generation, student train, teacher forward. docs/trl-shapes.md sections 6-7.
 
 TRL 1.16's DistillationTrainer is always on-policy (no lmbda / off-policy path): each round the student
 generates for the local generation batch of per_device_train_batch_size x gradient_accumulation_steps

@@ -1,4 +1,4 @@
-"""GRPO and RLOO: generation, then training over the prompt x completion grid. trl-shapes.md section 5.
+"""GRPO and RLOO: generation, then training over the prompt x completion grid. docs/trl-shapes.md section 6.
 
 One generation round in TRL 1.16 (`_prepare_inputs`, `_generate_and_score_completions`):
 

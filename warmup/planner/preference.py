@@ -1,4 +1,4 @@
-"""DPO, KTO and Reward: trl-shapes.md sections 4.1-4.3 and 10.3, checked against TRL 1.16.0's sources.
+"""DPO, KTO and Reward: docs/trl-shapes.md section 5, checked against TRL 1.16.0's sources.
 
 Data facts for preference data are per row, a row being what the model sees: prompt + chosen and
 prompt + rejected (DPO, Reward), prompt + completion (KTO), templated and tokenized as TRL does

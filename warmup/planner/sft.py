@@ -1,4 +1,4 @@
-"""SFTTrainer: plain, wrapped packing, and padding-free (bfd packing). trl-shapes.md sections 3 and 10.1-2.
+"""SFTTrainer: plain, wrapped packing, and padding-free (bfd packing). docs/trl-shapes.md section 4.
 
 Training runs through the module the Trainer wrapped; evaluation calls the bare policy (transformers 5.24's
 evaluation_loop uses `self.model`), so under Inductor its signatures are listed as eager.
@@ -94,7 +94,7 @@ def _shapes(
     split = "train" if phase == "train" else "eval"
     runs_on: RunsOn = "wrapped" if phase == "train" else "bare"
     if packing and _padding_free(plan):
-        # All rows of a batch are concatenated into one row of their total length (trl-shapes.md 3.3).
+        # All rows of a batch are concatenated into one row of their total length (docs/trl-shapes.md 4).
         lengths = padded_lengths(min(smallest_batch_max(plan.data, 1), longest), batch * longest, m)
         plan.add_many(phase, [1], lengths, settings=settings, runs_on=runs_on)
         plan.warn(
