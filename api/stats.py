@@ -144,7 +144,7 @@ class Stats:
                 .where(m.Worker.last_seen >= db_now(-seen_within_s))
                 .group_by(m.Worker.toolchain_key)
             )
-            return dict(rows.tuples().all())
+            return {toolchain: count for toolchain, count in rows}  # Row unpacks (Result.tuples() is deprecated)
 
     # --- caches ------------------------------------------------------------------------------
 
