@@ -144,7 +144,8 @@ class Stats:
                 .where(m.Worker.last_seen >= db_now(-seen_within_s))
                 .group_by(m.Worker.toolchain_key)
             )
-            return {toolchain: count for toolchain, count in rows}  # Row unpacks (Result.tuples() is deprecated)
+            # A Row unpacks like a tuple (Result.tuples() is deprecated in SQLAlchemy 2.1).
+            return {toolchain: count for toolchain, count in rows}
 
     # --- caches ------------------------------------------------------------------------------
 
