@@ -279,7 +279,9 @@ class Stats:
             return func.extract("epoch", end - start)
         return (func.julianday(end) - func.julianday(start)) * 86400.0
 
-    def _histogram(self, value: ColumnElement[Any] | QueryableAttribute[Any], *where: ColumnElement[bool]) -> Histogram:
+    def _histogram(
+        self, value: ColumnElement[Any] | QueryableAttribute[Any], *where: ColumnElement[bool]
+    ) -> Histogram:
         columns = [func.count(), func.coalesce(func.sum(value), 0.0)]
         columns += [
             func.coalesce(func.sum(case((value <= bound, 1), else_=0)), 0) for bound in DURATION_BUCKETS

@@ -1,5 +1,11 @@
 """Shared pytest configuration.
 
+Test tiers: a test's markers say what it costs (pyproject.toml): `compile` (real torch.compile or
+TRL training), `process` (servers, workers or commands in other processes), `load` (load, fuzz),
+`services` (the real PostgreSQL / S3 servers; marked here from the fixtures a test uses). Each of
+the first three also makes a test `slow`, so `pytest -m "not slow"` is the fast loop (README,
+"Contributing"); the full suite runs everything.
+
 Service fixtures (PostgreSQL, SQLite, S3) live in tests/fixtures. Subprocesses started by tests
 (`python -m warmup ...`, training jobs) import the project from this checkout: its root goes first
 on PYTHONPATH.
@@ -18,6 +24,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO_ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
 )
+
+
+SERVICE_FIXTURES = {"postgres_server", "s3_server"}
+SLOW_MARKERS = {"compile", "process", "load"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if fixtures & SERVICE_FIXTURES or "postgresql" in (params.get("db_url"), params.get("empty_db_url")):
+            item.add_marker(pytest.mark.services)
+        if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

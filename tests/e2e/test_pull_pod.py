@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 
 from api.services import Services
-from warmup.settings import Settings
 from tests.e2e.helpers import run, write_spec
 from tests.support.live_server import serve
 from warmup.backends import recompile_limits
 from warmup.client import ServiceClient, read_local_manifest
 from warmup.planner import plan_spec
+from warmup.settings import Settings
 from warmup.spec import load_spec
 from worker.loop import Worker, WorkerOptions
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 POD_TRAIN = Path(__file__).resolve().parents[1] / "support" / "pod_train.py"
 

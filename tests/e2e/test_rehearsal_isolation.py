@@ -16,7 +16,7 @@ from tests.e2e.helpers import signature, write_spec
 from warmup.rehearsal import rehearse
 from warmup.spec import load_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from warmup.spec import load_spec
 from warmup.store import open_store
 from warmup.toolchain import current_toolchain
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 
 def submit_one_signature(db_url: str, model_dir: Path):

@@ -26,7 +26,7 @@ from tests.e2e.helpers import (
 )
 from warmup.artifacts import list_paths
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 
 def test_sft_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, tmp_path):

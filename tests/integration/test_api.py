@@ -15,7 +15,6 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.services import Services
-from warmup.settings import Settings
 from tests.fixtures.factories import cpu_toolchain
 from tests.support.live_server import serve
 from tests.support.tiny_model import write_tiny_model
@@ -23,6 +22,7 @@ from warmup.client import HttpBlobSource, ServiceClient, install
 from warmup.db.records import FileRef
 from warmup.db.tokens import TokenStore
 from warmup.errors import NotWarmedError, PartlyWarmedError, SpecError, ToolchainMismatchError
+from warmup.settings import Settings
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from api.services import Services
-from warmup.settings import Settings
 from tests.support.live_server import serve
 from tests.support.pods import HostileService, hostile_manifest, hostile_service, play_worker, publish
 from tests.support.tiny_model import write_tiny_model
@@ -28,8 +27,11 @@ from warmup.client import INDEX_NAME, ServiceClient, install, pull, read_local_m
 from warmup.errors import BlobIntegrityError, ToolchainMismatchError, UnsafeArtifactError
 from warmup.manifest import manifest_object_key
 from warmup.planner import plan_spec
+from warmup.settings import Settings
 from warmup.spec import load_spec
 from warmup.toolchain import Toolchain, current_toolchain
+
+pytestmark = pytest.mark.process
 
 PREFIX = "warmup"
 

@@ -69,6 +69,7 @@ def worker_command(db_url: str, store_url: str, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.process
 def test_four_worker_processes_do_twenty_tasks_exactly_once(pg_url, tmp_path, model_dir):
     store_url = str(tmp_path / "blobs")
     engine = make_engine(pg_url)
@@ -102,6 +103,7 @@ def test_four_worker_processes_do_twenty_tasks_exactly_once(pg_url, tmp_path, mo
     engine.dispose()
 
 
+@pytest.mark.process
 def test_a_supervisor_re_executes_itself_once_per_process(pg_url, tmp_path, model_dir):
     """`--concurrency 2` starts two worker processes, each the same command with its own arguments
     (and the settings the environment gives), which share the queue: every task done once."""
@@ -183,6 +185,7 @@ def test_an_unrehearsable_task_fails_at_once_with_the_reason(sqlite_url, tmp_pat
     engine.dispose()
 
 
+@pytest.mark.process
 def test_sigterm_with_nothing_running_exits_cleanly(sqlite_url, tmp_path):
     worker = subprocess.Popen(
         [

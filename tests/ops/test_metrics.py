@@ -10,9 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import create_app
 from api.services import Services
-from warmup.settings import Settings
 from tests.fixtures import factories
 from warmup.db.tokens import TokenStore
+from warmup.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 A, B = factories.toolchain("cpu-avx2"), factories.toolchain("cpu-avx512")

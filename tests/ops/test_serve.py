@@ -23,7 +23,7 @@ from tests.ops.test_deploy import DOCKER, exec_form, instructions
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "Sup3r-S3cret-pw"
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.process]
 
 
 @dataclass

@@ -15,7 +15,6 @@ from PIL import Image
 from sqlalchemy import update
 
 from api.services import Services
-from warmup.settings import Settings
 from tests.fixtures import factories
 from tests.ops.chromium import Chromium, ensure_chromium
 from tests.support.live_server import serve
@@ -23,8 +22,9 @@ from warmup.db import models as m
 from warmup.db.columns import db_now
 from warmup.db.records import FileRef
 from warmup.db.tokens import TokenStore
+from warmup.settings import Settings
 
-pytestmark = pytest.mark.timeout(900)  # the first run may install chromium
+pytestmark = [pytest.mark.timeout(900), pytest.mark.process]  # the first run may install chromium
 A, B = factories.toolchain("cpu-avx2"), factories.toolchain("cpu-avx512")
 WIDTH, HEIGHT = 1280, 1700
 

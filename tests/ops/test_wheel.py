@@ -14,7 +14,7 @@ import pytest
 from warmup.db.migrate import head_revision
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.process]
 
 MIGRATE = """
 import json, sys

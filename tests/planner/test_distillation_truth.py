@@ -23,6 +23,8 @@ from tests.support.online_runs import (
 )
 from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
+pytestmark = pytest.mark.compile
+
 M = 20
 BASE = {
     "per_device_train_batch_size": 2,
@@ -89,7 +91,6 @@ def test_teacher_signatures_name_the_teacher_model(student_dir, teacher_dir):
     assert models["train"] != models["teacher"]
 
 
-@pytest.mark.slow
 def test_under_torch_compile_nothing_compiles(student_dir, teacher_dir, tmp_path):
     """DistillationTrainer calls both backbones through `_forward_redirection` on `accelerator.unwrap_model(...)`,
     which keeps the torch.compile wrapper and then patches that wrapper's own forward: Dynamo traces nothing,

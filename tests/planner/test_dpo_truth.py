@@ -14,6 +14,8 @@ import pytest
 from tests.support.preference_runs import batches, full_plan, pair, phases, plan_for, record, run_trainer
 from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
+pytestmark = pytest.mark.compile
+
 
 def random_pairs(rng: random.Random, count: int, shortest: int, longest: int) -> list[dict]:
     """Pairs whose two rows are each `shortest`..`longest` tokens, prompts 1..15 tokens."""
@@ -99,7 +101,6 @@ def test_plan_lists_only_reachable_shapes(tiny_model_dir, tmp_path):
     assert seen == planned
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("precompute", [True, False])
 def test_under_torch_compile_the_compiled_signatures_are_what_compiles(tiny_model_dir, tmp_path, precompute):
     """The Trainer compiles the policy when training starts and the reference copy at init (so its eval

@@ -26,6 +26,8 @@ from tests.support.online_runs import (
 )
 from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
+pytestmark = pytest.mark.compile
+
 M = 20  # max_completion_length: completion buckets 16, 32
 BASE = {
     "per_device_train_batch_size": 2,
@@ -165,7 +167,6 @@ def test_eval_plan_lists_only_reachable_shapes(model_dir, tmp_path):
     assert seen == plan, f"missed: {sorted(seen - plan)}; never produced: {sorted(plan - seen)}"
 
 
-@pytest.mark.slow
 def test_under_torch_compile_the_compiled_signatures_are_what_compiles(model_dir, tmp_path):
     """With torch_compile on, Dynamo traces the training forward and the reference copy (accelerate prepared
     it at init, so in eval too) and nothing else: TRL generates with `disable_compile=True` on the unwrapped

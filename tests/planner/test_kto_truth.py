@@ -15,6 +15,8 @@ import pytest
 from tests.support.preference_runs import batches, full_plan, phases, plan_for, record, run_trainer, unpaired
 from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
+pytestmark = pytest.mark.compile
+
 
 def random_examples(
     rng: random.Random, count: int, shortest: int, longest: int, longest_prompt: int
@@ -137,7 +139,6 @@ def test_plan_lists_only_reachable_shapes(tiny_model_dir, tmp_path):
     assert seen == planned
 
 
-@pytest.mark.slow
 def test_under_torch_compile_the_compiled_signatures_are_what_compiles(tiny_model_dir, tmp_path):
     """The wrapped policy (main and KL forwards) and the reference copy compile, the reference in evaluate()
     too; evaluate() calls the bare policy, which runs eagerly: its signatures are listed eager."""

@@ -15,6 +15,8 @@ import pytest
 from tests.support.preference_runs import batches, full_plan, pair, phases, plan_for, record, run_trainer
 from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
+pytestmark = pytest.mark.compile
+
 
 def test_random_data_is_covered_and_long_pairs_are_dropped(tiny_reward_model_dir, tmp_path):
     rng = random.Random(0)
@@ -75,7 +77,6 @@ def test_plan_lists_only_reachable_shapes(tiny_reward_model_dir, tmp_path):
     assert batches(planned, "train") == {4, 2}  # chosen + rejected rows
 
 
-@pytest.mark.slow
 def test_under_torch_compile_only_training_compiles(tiny_reward_model_dir, tmp_path):
     """evaluate() calls the bare model, which runs eagerly: an Inductor plan lists eval labelled eager."""
     args = {

@@ -22,6 +22,8 @@ from tests.support.online_runs import (
 )
 from tests.support.shape_recorder import compiled_shapes, planned_shapes
 
+pytestmark = pytest.mark.compile
+
 M = 20
 BASE = {
     "per_device_train_batch_size": 2,
@@ -80,7 +82,6 @@ def test_plan_lists_only_reachable_shapes(model_dir, tmp_path):
     assert seen == plan, f"missed: {sorted(seen - plan)}; never produced: {sorted(plan - seen)}"
 
 
-@pytest.mark.slow
 def test_under_torch_compile_the_compiled_signatures_are_what_compiles(model_dir, tmp_path):
     """As in GRPO: the training forward and the reference copy compile; generation, the old log-probs (on the
     bare policy, every round in RLOO) and evaluate()'s loss run eagerly, listed as eager."""

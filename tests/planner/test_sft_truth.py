@@ -27,6 +27,8 @@ from warmup.planner import plan_spec
 from warmup.signature import Plan
 from warmup.spec import load_spec
 
+pytestmark = pytest.mark.compile
+
 
 def run_sft(model_dir, tmp_path, args: dict, train_lengths: list[int], eval_lengths: list[int] | None = None):
     return record_sft(model_dir, tmp_path, args, train_lengths, eval_lengths).seen
@@ -162,7 +164,6 @@ def test_bfd_packing_is_padding_free_and_covered(tiny_model_dir, tmp_path, strat
     assert seen <= planned
 
 
-@pytest.mark.slow
 def test_under_torch_compile_training_compiles_and_eval_is_listed_eager(tiny_model_dir, tmp_path):
     """The Trainer compiles the policy it trains; evaluate() calls the bare policy, which runs eagerly.
 

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from api.app import create_app
 from api.services import Services
-from warmup.settings import Settings
 from tests.fixtures.factories import cpu_toolchain
 from tests.reliability.ledger import Row, record
 from tests.support.tiny_model import write_tiny_model
@@ -29,6 +28,7 @@ from warmup.errors import PlanTooLargeError
 from warmup.planner import MAX_SIGNATURES, plan_spec
 from warmup.planner.common import padded_lengths
 from warmup.planner.online import Rollouts
+from warmup.settings import Settings
 from warmup.spec import MAX_CONFIG_VALUES, MAX_NESTING, MAX_WORLD_SIZE, Spec
 
 TOOLCHAIN = cpu_toolchain().model_dump(mode="json")

@@ -41,7 +41,6 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from api.services import Services
-from warmup.settings import Settings
 from tests.fixtures.factories import artifact, eager_signatures, one_signature_sft
 from tests.fixtures.services import PostgresServer, _postgres_bindir, _tail, free_port
 from tests.reliability.audit import audit_store
@@ -52,6 +51,7 @@ from warmup.db.engine import POSTGRES_CONNECT_TIMEOUT_S, make_engine
 from warmup.db.migrate import upgrade
 from warmup.db.outage import Outage, is_unavailable
 from warmup.db.records import Keyed
+from warmup.settings import Settings
 from warmup.spec import Spec, load_spec
 from warmup.toolchain import Toolchain, current_toolchain
 
@@ -339,6 +339,7 @@ def task_rows(engine: Engine) -> list[Any]:
 # --- scenarios --------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_a_job_rides_out_a_clean_restart_and_a_crash_of_the_database(
     private_postgres: PrivatePostgres,
     services_on: Services,
@@ -442,7 +443,8 @@ def compiling_spec(model_dir: Path) -> Spec:
     return load_spec(one_signature_sft(model_dir))
 
 
-@pytest.mark.slow
+@pytest.mark.compile
+@pytest.mark.process
 def test_a_worker_mid_compile_rides_out_a_restart(
     private_postgres: PrivatePostgres, services_on: Services, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -520,6 +522,7 @@ def test_a_worker_mid_compile_rides_out_a_restart(
     )
 
 
+@pytest.mark.process
 def test_a_worker_stopped_during_an_outage_exits_cleanly(
     private_postgres: PrivatePostgres, services_on: Services, tmp_path: Path
 ) -> None:
@@ -557,6 +560,7 @@ def test_a_worker_stopped_during_an_outage_exits_cleanly(
     assert "stopped while the database is unavailable" in output and "Traceback" not in output, output[-4000:]
 
 
+@pytest.mark.process
 def test_a_database_that_never_answers_is_an_error_not_a_hang() -> None:
     """A server that accepts TCP connections but never speaks (hung, half failed over): connecting
     fails within the connect timeout, as an error the API and the workers treat as unavailable."""

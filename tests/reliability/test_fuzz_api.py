@@ -30,11 +30,11 @@ from schemathesis.checks import CHECKS
 
 from api.app import create_app
 from api.services import Services
-from warmup.settings import Settings
 from tests.fixtures.factories import cpu_toolchain
 from tests.reliability.ledger import Row, record
 from tests.support.tiny_model import write_tiny_model
 from warmup.db.tokens import TokenStore
+from warmup.settings import Settings
 from warmup.spec import MAX_NESTING, MAX_WORLD_SIZE, TRAINER_KINDS, DataFacts, Spec, Target
 
 # Examples per operation and generation mode, and broken specs per route: enough to reach every
@@ -108,6 +108,7 @@ def operations(app) -> list:
     return found
 
 
+@pytest.mark.load
 def test_every_operation_answers_bad_and_good_input_without_server_errors(app, admin_headers) -> None:
     seen: Counter[str] = Counter()
     unnamed: list[str] = []

@@ -27,7 +27,6 @@ import pytest
 from sqlalchemy import select
 
 from api.services import Services
-from warmup.settings import Settings
 from tests.reliability.audit import audit_store
 from tests.reliability.ledger import Row, record
 from tests.support.fault_proxy import FaultProxy
@@ -45,6 +44,7 @@ from warmup.errors import StoreError, StoreUnreachableError
 from warmup.manifest import MANIFESTS_PREFIX, manifest_object_key
 from warmup.planner import plan_spec
 from warmup.rehearsal import SignatureResult
+from warmup.settings import Settings
 from warmup.spec import Spec, load_spec
 from warmup.store import MiB, S3BlobStore, blob_key
 from warmup.toolchain import Toolchain, current_toolchain, remember_toolchain
@@ -505,6 +505,7 @@ def test_pod_pull_with_the_store_unreachable_fails_cleanly_and_installs_nothing(
     )
 
 
+@pytest.mark.process
 def test_cli_pull_from_an_unreachable_bucket_says_which_and_leaves_the_cache_dir_alone(
     warmed, services, proxy, model_dir, toolchain, tmp_path
 ):

@@ -53,6 +53,7 @@ def test_inductor_env_points_at_the_cache_and_tags_isa_and_threads(tmp_path):
     assert "isa" not in InductorBackend("cuda").key_tag()
 
 
+@pytest.mark.process
 def test_inductor_configure_process_sets_configs_read_at_torch_import(tmp_path):
     # in a subprocess: it changes torch's global configs and this process's environment
     code = f"""

@@ -39,6 +39,7 @@ def imported_after(code: str, *, absent: tuple[str, ...] = ()) -> list[str]:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.process
 def test_the_pod_side_runs_without_any_server_package():
     """A training image has the base install only: the client side imports and builds its CLI there."""
     modules = imported_after(
@@ -49,6 +50,7 @@ def test_the_pod_side_runs_without_any_server_package():
     assert "warmup.callback" in modules and "transformers" in modules  # the check did import them
 
 
+@pytest.mark.process
 def test_the_client_side_imports_no_server_package_even_when_installed():
     # warmup.callback is left out: transformers imports accelerate, which imports boto3 when it is
     # installed (for SageMaker); that is theirs, and the test above shows the callback needs none.
@@ -103,6 +105,7 @@ def test_exec_wants_the_command_after_a_double_dash(capsys):
     assert "put the command after `--`" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_the_sitecustomize_raises_the_limits_and_runs_the_images_own(tmp_path):
     image = tmp_path / "image"
     image.mkdir()

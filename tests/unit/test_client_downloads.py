@@ -252,6 +252,7 @@ def test_downloads_go_through_the_proxy_the_environment_names(server, tmp_path, 
         _proxies.cache_clear()
 
 
+@pytest.mark.process
 def test_https_downloads_verify_the_certificate(server, tmp_path, monkeypatch):
     import ssl
     import subprocess

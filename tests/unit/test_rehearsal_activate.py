@@ -32,6 +32,7 @@ def spec_file(tiny_model_dir, tmp_path):
     return path
 
 
+@pytest.mark.process
 def test_import_warmup_stays_light():
     code = "import sys, warmup; print('torch' in sys.modules, 'warmup.activation' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -55,6 +56,7 @@ def test_a_cache_warmed_under_another_toolchain_is_refused_by_field(spec_file, t
     assert set(raised.value.differences) == {"torch", "num_threads"}
 
 
+@pytest.mark.process
 def test_activate_sets_environment_policy_and_limits(spec_file, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()

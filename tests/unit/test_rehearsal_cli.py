@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.fixtures.factories import one_signature_sft
+
+pytestmark = pytest.mark.process
 
 
 def _warm(spec: dict, cache, tmp_path) -> subprocess.CompletedProcess[str]:

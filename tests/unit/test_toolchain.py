@@ -37,6 +37,7 @@ def _toolchain(**changes: object) -> Toolchain:
     return cpu_toolchain(**{"env": {"TORCHINDUCTOR_MAX_AUTOTUNE": "0"}, **changes})
 
 
+@pytest.mark.process
 def test_current_toolchain_is_the_same_in_two_fresh_processes():
     keys = {
         subprocess.run(
@@ -60,6 +61,7 @@ def test_current_toolchain_on_cpu_records_isa_threads_and_versions():
     assert toolchain.neuronx_cc is None and toolchain.compiler_flags is None
 
 
+@pytest.mark.process
 def test_probing_the_isas_side_by_side_picks_what_inductor_picks_alone(tmp_path):
     """Each in a fresh process and a fresh Inductor cache, so that every probe is built with g++."""
     runs = {
@@ -76,6 +78,7 @@ def test_probing_the_isas_side_by_side_picks_what_inductor_picks_alone(tmp_path)
     assert picked["side by side"] == picked["inductor alone"] != ""
 
 
+@pytest.mark.process
 def test_side_by_side_returns_in_order_raises_and_works_at_interpreter_exit():
     assert side_by_side([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]
     with pytest.raises(ZeroDivisionError):
@@ -199,6 +202,7 @@ def test_toolchain_round_trips_through_json():
     assert again == toolchain and again.key() == toolchain.key()
 
 
+@pytest.mark.process
 def test_pod_side_modules_import_without_server_packages_or_torch():
     code = (
         "import sys, warmup, warmup.spec, warmup.toolchain, warmup.artifacts, warmup.backends; "
