@@ -16,8 +16,6 @@ from warmup.advise import DatasetLengths, SplitLengths, advise, lengths_from_his
 from warmup.settings import Settings
 from warmup.spec import load_spec
 
-pytestmark = pytest.mark.services
-
 LENGTHS = DISTRIBUTIONS["bimodal"](random.Random(4), 90, 5, 200)
 
 
