@@ -2,6 +2,7 @@
 
 - `local`: plan and warm on this machine;
 - `facts`: the data facts of a job's dataset;
+- `advise`: compare padding settings of a job on its dataset's lengths;
 - `submit`: submit a job to the service (CI pre-warming), print this machine's toolchain;
 - `pod`: pull, exec and coverage, for training pods (base install only);
 - `service`: serve, worker, token and gc, for the service's own machines.
@@ -17,7 +18,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from warmup.cli import facts, local, pod, service, submit
+from warmup.cli import advise, facts, local, pod, service, submit
 from warmup.errors import SpecError, WarmupError
 
 
@@ -32,6 +33,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     local.register(sub)
     facts.register(sub)
+    advise.register(sub)
     service.register(sub, with_options=command is None or command in service.COMMANDS)
     submit.register(sub)
     pod.register(sub)
