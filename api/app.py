@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from api.errors import BodySizeLimit, install_error_handlers
-from api.routes import blobs, coverage, health, manifests, metrics, plans, status, warmups
+from api.routes import advice, blobs, coverage, health, manifests, metrics, plans, status, warmups
 from api.routes.metrics import Metrics, PullCounter
 from api.schemas import ManifestRequest
 from api.services import Services
@@ -44,7 +44,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         _attach(app, services)
     app.state.metrics = Metrics(lambda: app.state.stats)
     install_error_handlers(app)
-    for module in (health, plans, warmups, manifests, blobs, coverage, metrics, status):
+    for module in (health, plans, advice, warmups, manifests, blobs, coverage, metrics, status):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     app.add_middleware(PullCounter, metrics=app.state.metrics)

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
+from warmup.advise.data import MAX_TOKENS, LengthsDocument
 from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.toolchain import Toolchain
@@ -110,3 +119,34 @@ class CoverageResponse(BaseModel):
     job_id: uuid.UUID
     report_id: int
     enqueued: list[str] = Field(description="Keys of missed signatures that became new tasks.")
+
+
+class AdviceRequest(_Body):
+    """A job and its dataset's per-example lengths: which padding makes the whole job fastest."""
+
+    spec: Spec
+    dataset: LengthsDocument | None = Field(
+        None, description="Per-example token lengths; without it, an SFT spec's data.length_histogram."
+    )
+    toolchain: Toolchain | None = Field(
+        None, description="Use the compile seconds recorded under this toolchain (else seed figures)."
+    )
+    pool: str | None = Field(None, max_length=128, description="Or: the toolchain of this worker pool.")
+    multiples: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None] | None = Field(
+        None, max_length=32, description="Candidate pad_to_multiple_of values (null: no padding)."
+    )
+    max_truncated: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Share of the examples an option may cut or drop (0: none)."
+    )
+    completion_tokens: PositiveInt | None = Field(
+        None, le=1 << 20, description="GRPO / RLOO: the assumed length of every completion."
+    )
+    step_seconds: PositiveFloat | None = Field(
+        None, description="Measured seconds of one optimizer step of the job as configured."
+    )
+
+    @model_validator(mode="after")
+    def _one_toolchain(self) -> AdviceRequest:
+        if self.toolchain is not None and self.pool is not None:
+            raise ValueError("give at most one of toolchain or pool")
+        return self

@@ -19,17 +19,20 @@ from typing import Generic, TypeVar
 
 from sqlalchemy import Engine, text
 
+from warmup.advise import Advice, advise
 from warmup.db.engine import make_engine
 from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
 from warmup.db.repository import Repository
 from warmup.db.tokens import TokenStore
-from warmup.errors import PlanTooLargeError
+from warmup.errors import PlanTooLargeError, SpecError, WarmupError
 from warmup.planner import plan_spec
+from warmup.planner.estimate import CompileCosts, typical_seconds
 from warmup.settings import Settings
-from warmup.signature import Plan
+from warmup.signature import Plan, Signature
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
+from warmup.toolchain import Toolchain
 from warmup.trl_args import warm_up_trl
 
 K = TypeVar("K")
@@ -109,6 +112,10 @@ class Services:
     )
     # Verified tokens, briefly: a pull makes many requests; a revocation takes effect within a minute.
     verified_tokens: TTLCache[str, frozenset[str]] = field(default_factory=lambda: TTLCache(1024, 60.0))
+    # The status page's advice per (spec key, toolchain key): seconds to compute, so computed once a while.
+    job_advice: TTLCache[tuple[str, str], tuple[Advice | None]] = field(
+        default_factory=lambda: TTLCache(256, 600.0)
+    )
 
     @classmethod
     def start(cls, settings: Settings) -> Services:
@@ -150,6 +157,53 @@ class Services:
             return plan
 
         return self.plans.get_or_compute(spec.key(), compute)
+
+    def recorded_compile_costs(
+        self, toolchain_key: str, backend: str
+    ) -> Callable[[list[Signature]], CompileCosts]:
+        """Compile seconds recorded under the toolchain for the signatures an advice plans, and the median per
+        (model, phase) there for the others."""
+
+        def costs(signatures: list[Signature]) -> CompileCosts:
+            keys = list(dict.fromkeys(s.key() for s in signatures))
+            models = {s.model for s in signatures}
+            samples = [s for s in self.repository.compile_samples(toolchain_key) if s[0] in models]
+            recorded = self.repository.compile_seconds(keys, toolchain_key)
+            return CompileCosts(backend, recorded, typical_seconds(samples))
+
+        return costs
+
+    def advice_for_job(self, spec: Spec, toolchain_key: str) -> Advice | None:
+        """The status page's advice for a job: from its spec's length histogram (SFT) and the compile seconds
+        recorded under its toolchain; None when the spec cannot be advised (no histogram, another trainer)."""
+
+        def compute() -> tuple[Advice | None]:
+            if spec.trainer != "sft" or not spec.data.length_histogram:
+                return (None,)
+            costs = self.recorded_compile_costs(toolchain_key, spec.target.backend)
+            try:
+                return (advise(spec, compile_costs=costs),)
+            except WarmupError:
+                return (None,)  # e.g. packing, or a model config no longer readable: the page shows none
+
+        return self.job_advice.get_or_compute((spec.key(), toolchain_key), compute)[0]
+
+    def pool_toolchain(self, pool: str, world_size: int) -> Toolchain:
+        """The toolchain a worker pool registered for jobs of `world_size` processes."""
+        found = self.repository.resolve_pool(pool, world_size)
+        if found is None:
+            scale = f" for jobs of {world_size} processes" if world_size > 1 else ""
+            raise SpecError(
+                f"no worker of pool {pool!r} has registered{scale} yet; start one with "
+                f"`warmup worker --pool {pool}"
+                + (
+                    " --world-sizes 1,2` (it warms jobs of any number of processes)"
+                    if world_size > 1
+                    else "`"
+                ),
+                loc="pool",
+            )
+        return Toolchain.model_validate(found.data)
 
     def token_scopes(self, token: str) -> frozenset[str] | None:
         scopes = self.verified_tokens.get(token)

@@ -144,7 +144,8 @@ class Stats:
                 .where(m.Worker.last_seen >= db_now(-seen_within_s))
                 .group_by(m.Worker.toolchain_key)
             )
-            return dict(rows.tuples().all())
+            # A Row unpacks like a tuple (Result.tuples() is deprecated in SQLAlchemy 2.1).
+            return {toolchain: count for toolchain, count in rows}
 
     # --- caches ------------------------------------------------------------------------------
 

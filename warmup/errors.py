@@ -41,6 +41,10 @@ class SpecError(WarmupError):
         self.problems = problems
         super().__init__("invalid spec: " + "; ".join(str(p) for p in problems))
 
+    def __reduce__(self) -> tuple[type[SpecError], tuple[list[FieldProblem]]]:
+        # Rebuilt from its problems when it crosses a process boundary (a worker raised it), not from its message.
+        return (self.__class__, (self.problems,))
+
 
 class UnknownTrainerError(SpecError):
     """The spec names a trainer trl-warmup does not know."""
@@ -48,6 +52,15 @@ class UnknownTrainerError(SpecError):
 
 class PlanTooLargeError(SpecError):
     """The spec plans more signatures than the service accepts."""
+
+
+class EmptyPlanError(SpecError):
+    """The job compiles, but the spec lacks what its shapes are computed from: a plan of no signatures
+    would warm nothing and report success. Names the missing fact."""
+
+
+class DatasetError(SpecError):
+    """The dataset whose facts were asked for cannot be read as the trainer reads it."""
 
 
 class ModelConfigError(WarmupError):

@@ -5,16 +5,23 @@ config fields under TRL's own names, optional facts about the dataset, and the t
 on. It is read from our YAML/JSON form or imported from the YAML a user passes to
 `trl <trainer> --config ...`.
 
-This module needs neither TRL nor torch: a training pod loads specs with the base install. The deep
-check against TRL's real config classes lives in `warmup.trl_args` and runs where TRL is installed.
+This module needs neither TRL nor torch: a training pod loads specs with the base install. A trl
+config's keys are sorted by the fields of TRL's script dataclasses shipped as data
+(`warmup/data/trl_cli_fields.json`); reading them as TRL reads them (`warmup.trl_config`) and the
+check against TRL's real config classes (`warmup.trl_args`) run where TRL is installed, when the job
+is planned or warmed. A side file (`read_job(side=...)`) carries what `trl` must not see: the
+trainer, the target, the data facts or the dataset to compute them from, the worker pool.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import math
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -42,44 +49,17 @@ Device = Literal["neuron", "cuda", "cpu"]
 # (docs/compile-caches.md, 'NeuronCore groups').
 SUPPORTED_NEURON_CORE_GROUPS = ("0", "1", "2", "3", "0,1", "2,3", "0-1", "2-3", "0-3")
 
-# Keys of TRL's CLI dataclasses (`trl sft --config x.yaml`) that are not trainer config fields.
-# ScriptArguments: dataset selection, irrelevant to shapes (the data facts say what matters).
-TRL_CLI_SCRIPT_KEYS = frozenset(
-    {
-        "dataset_name",
-        "dataset_config",
-        "dataset_train_split",
-        "dataset_test_split",
-        "dataset_streaming",
-        "ignore_bias_buffers",
-        "datasets",
-        "dataset_mixture",
-        "config",
-    }
-)
-# ModelConfig: how the model is loaded. TRL's scripts turn these into `model_init_kwargs`.
-TRL_CLI_MODEL_INIT_KEYS = {
+# Keys a spec or a side file carries for trl-warmup itself; `trl` never sees them.
+# `dataset` names a local dataset whose facts are computed here (the service takes only the facts),
+# `sample` limits that to the first N examples of each split, `pool` is the worker pool to warm for.
+JOB_KEYS = ("dataset", "sample", "pool")
+SIDE_FILE_KEYS = frozenset({"trainer", "target", "data", "teacher_model", *JOB_KEYS})
+# TRL scripts turn these ModelConfig fields into `model_init_kwargs` (trl/scripts/<trainer>.py `main`).
+TRL_MODEL_INIT_KEYS = {
     "model_revision": "revision",
     "dtype": "dtype",
     "attn_implementation": "attn_implementation",
 }
-TRL_CLI_PEFT_KEYS = frozenset(
-    {
-        "use_peft",
-        "lora_r",
-        "lora_alpha",
-        "lora_dropout",
-        "lora_target_modules",
-        "lora_target_parameters",
-        "lora_modules_to_save",
-        "lora_task_type",
-        "use_rslora",
-        "use_dora",
-    }
-)
-TRL_CLI_QUANTIZATION_KEYS = frozenset(
-    {"load_in_8bit", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"}
-)
 
 
 # Bounds on what a spec may ask for, each far above any real job: a spec is read by a shared service,
@@ -161,6 +141,11 @@ class DataFacts(_StrictModel):
     min_prompt_tokens: PositiveInt | None = Field(None, description="Shortest prompt.")
     length_histogram: dict[PositiveInt, PositiveInt] | None = Field(
         None, description="Example length in tokens -> number of examples of that length."
+    )
+    estimated_from: PositiveInt | None = Field(
+        None,
+        description="The facts were read from only this many examples per split (`--sample`): an estimate; "
+        "lengths beyond them are not planned.",
     )
 
     @model_validator(mode="after")
@@ -246,9 +231,22 @@ class Spec(_StrictModel):
 
 
 def unknown_trainer_message(value: Any) -> str:
-    close = difflib.get_close_matches(str(value).lower(), TRAINER_KINDS, n=1)
+    """Which trainers exist; a trainer that left TRL's core for `trl.experimental` is named as such (`orpo` is
+    not a misspelt `grpo`), and a spelling suggestion is made only for a name that is no trainer at all."""
+    name = str(value).lower()
+    known = f"expected one of {', '.join(TRAINER_KINDS)} (the trainers of `trl <trainer> --config`)"
+    if name in _experimental_trainers():
+        return (
+            f"unknown trainer {value!r}: {name.upper()} left TRL's core and CLI for trl.experimental.{name} in TRL 1.x, "
+            f"so `trl {name}` does not exist and the job cannot be planned; {known}"
+        )
+    close = difflib.get_close_matches(name, TRAINER_KINDS, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown trainer {value!r}: expected one of {', '.join(TRAINER_KINDS)}{hint}"
+    return f"unknown trainer {value!r}: {known}{hint}"
+
+
+def _experimental_trainers() -> frozenset[str]:
+    return frozenset(trl_cli_fields()["experimental_trainers"])
 
 
 def _problems(error: ValidationError) -> list[FieldProblem]:
@@ -277,24 +275,48 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
 
 
 def parse_spec(
-    data: dict[str, Any], *, trainer: str | None = None, target: dict[str, Any] | None = None
+    data: dict[str, Any],
+    *,
+    trainer: str | None = None,
+    target: dict[str, Any] | None = None,
+    side: dict[str, Any] | None = None,
 ) -> Spec:
     """Validate a spec given as a mapping, in our form or in TRL's CLI form.
 
-    `trainer` and `target` fill in what a TRL CLI config does not say (the CLI subcommand and where
-    the job runs); in our form they override the document's values when given.
+    `trainer`, `target` and the side file `side` fill in what a TRL CLI config does not say (the CLI
+    subcommand, where the job runs, the data facts); `trainer` and `target` override the document's
+    values, and the document's own warm-up keys override the side file's.
     """
     if not isinstance(data, dict):
         raise SpecError(f"a spec is a mapping, not {type(data).__name__}")
+    side = dict(side or {})
+    for key in JOB_KEYS:
+        side.pop(key, None)
+    data = dict(data)
+    for key in JOB_KEYS:
+        if key in data:
+            raise SpecError(
+                f"{key!r} is read by the warmup command line, not by the service: compute the facts with "
+                "`warmup facts --dataset PATH SPEC` and send them as `data`",
+                loc=key,
+            )
     if is_trl_cli_config(data):
-        data = from_trl_cli_config(data, trainer=trainer)
-    elif trainer is not None:
-        data = {**data, "trainer": trainer}
+        trainer = trainer or data.pop("trainer", None) or side.get("trainer")
+        data = from_trl_cli_config(data, trainer=trainer, side=side)
+    else:
+        data = {**{k: v for k, v in side.items() if k != "target"}, **data}
+        data["target"] = {**(side.get("target") or {}), **(data.get("target") or {})}
+        if trainer is not None:
+            data["trainer"] = trainer
     if target is not None:
         data = {**data, "target": {**(data.get("target") or {}), **target}}
+    _check_world_size(data)
     raw_trainer = data.get("trainer")
     if raw_trainer is None:
-        raise SpecError("required field (which TRL trainer the job runs)", loc="trainer")
+        raise SpecError(
+            "required field (which TRL trainer the job runs: --trainer, or `trainer:` in the side file)",
+            loc="trainer",
+        )
     if not (isinstance(raw_trainer, str) and raw_trainer.lower() in TRAINER_KINDS):
         raise UnknownTrainerError(unknown_trainer_message(raw_trainer), loc="trainer")
     try:
@@ -308,40 +330,221 @@ def is_trl_cli_config(data: dict[str, Any]) -> bool:
     return "model_name_or_path" in data and "args" not in data
 
 
-def from_trl_cli_config(data: dict[str, Any], *, trainer: str | None = None) -> dict[str, Any]:
-    """Turn the YAML of `trl <trainer> --config x.yaml` into our spec form.
+@dataclasses.dataclass(frozen=True)
+class ScriptFields:
+    """The fields of the dataclasses `trl <trainer>` parses besides the trainer config, read from TRL itself."""
 
-    ModelConfig's loading fields become `model_init_kwargs`, as TRL's own scripts do; LoRA fields become
-    `peft`; dataset selection is dropped (give `data` facts instead); the rest are trainer config fields.
+    model: frozenset[str]  # ModelConfig
+    dataset: frozenset[str]  # the dataset selection: DatasetMixtureConfig, ScriptArguments' dataset_*
+    script: frozenset[
+        str
+    ]  # the script's other arguments (GRPO: reward_funcs, reward_model_name_or_path, ...)
+
+
+@functools.cache
+def trl_cli_fields() -> dict[str, Any]:
+    """What `trl <trainer> --config` reads besides the trainer config, taken from TRL by tools/trl_cli_fields.py
+    (a pod reads trl configs with the base install: TRL is neither needed nor imported here)."""
+    return dict(json.loads(resources.files("warmup.data").joinpath("trl_cli_fields.json").read_text()))
+
+
+def trl_script_fields(trainer: str) -> ScriptFields:
+    """The non-trainer fields `trl <trainer> --config` accepts."""
+    if trainer not in TRAINER_KINDS:
+        raise UnknownTrainerError(unknown_trainer_message(trainer), loc="trainer")
+    fields = trl_cli_fields()
+    script = fields["scripts"][trainer]
+    return ScriptFields(
+        model=frozenset(fields["model"]),
+        dataset=frozenset(script["dataset"]),
+        script=frozenset(script["script"]),
+    )
+
+
+def from_trl_cli_config(
+    data: dict[str, Any], *, trainer: str | None = None, side: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Turn the YAML of `trl <trainer> --config x.yaml` into our spec form, the way TRL's scripts read it.
+
+    Fields are sorted by the dataclass of TRL's script that owns them: ModelConfig's loading fields become
+    `model_init_kwargs` and its LoRA fields `peft` (as `main()` of each script does), the dataset selection
+    is left out (its facts go in `data`), and everything else stays in `args` as given: the trainer
+    config's fields, the script's own arguments, `env` and the keys `trl` hands to `accelerate launch`.
+    `warmup.trl_config` checks `args` with TRL's parser when the job is planned. The launcher's process
+    count (`num_processes`, or the `accelerate_config` file's) becomes the target's world size.
     """
+    side = dict(side or {})
     flat = dict(data)
-    spec: dict[str, Any] = {"model": flat.pop("model_name_or_path")}
-    spec["trainer"] = trainer or flat.pop("trainer", None)
-    flat.pop("trainer", None)
-    for key in ("teacher_model", "data", "target"):
-        if key in flat:
-            spec[key] = flat.pop(key)
-    if "teacher_model_name_or_path" in flat:
-        spec["teacher_model"] = flat.pop("teacher_model_name_or_path")
-    init_kwargs = dict(flat.pop("model_init_kwargs", None) or {})
-    for cli_key, init_key in TRL_CLI_MODEL_INIT_KEYS.items():
-        if flat.get(cli_key) is not None:
-            init_kwargs[init_key] = flat[cli_key]
-        flat.pop(cli_key, None)
-    peft = {key: flat.pop(key) for key in list(flat) if key in TRL_CLI_PEFT_KEYS}
-    if peft.pop("use_peft", False):
-        spec["peft"] = peft
-    quantization = {key: flat.pop(key) for key in list(flat) if key in TRL_CLI_QUANTIZATION_KEYS}
-    if any(quantization.get(k) for k in ("load_in_8bit", "load_in_4bit")):
+    trainer = trainer or side.get("trainer")
+    if trainer is None:
         raise SpecError(
-            "bitsandbytes quantization does not run on Neuron or under torch.compile", loc="load_in_4bit"
+            "required field (which TRL trainer the job runs: --trainer, or `trainer:` in the side file)",
+            loc="trainer",
         )
-    for key in TRL_CLI_SCRIPT_KEYS:
+    if not (isinstance(trainer, str) and trainer.lower() in TRAINER_KINDS):
+        raise UnknownTrainerError(unknown_trainer_message(trainer), loc="trainer")
+    trainer = trainer.lower()
+    fields = trl_script_fields(trainer)
+    spec: dict[str, Any] = {"trainer": trainer, "model": flat.pop("model_name_or_path")}
+    for key in ("teacher_model", "data", "target"):
+        value = flat.pop(key, None)
+        if value is not None:
+            spec[key] = value
+        elif key in side:
+            spec[key] = side[key]
+    if "teacher_model_name_or_path" in flat and "teacher_model" not in spec:
+        spec["teacher_model"] = flat["teacher_model_name_or_path"]
+    flat.pop(
+        "teacher_model_name_or_path", None
+    )  # DistillationConfig's own name for it (it is read from `teacher_model`)
+    model = {key: flat.pop(key) for key in list(flat) if key in fields.model}
+    init_kwargs = dict(flat.pop("model_init_kwargs", None) or {})
+    for cli_key, init_key in TRL_MODEL_INIT_KEYS.items():
+        if model.get(cli_key) is not None:
+            init_kwargs.setdefault(init_key, model[cli_key])
+    for key in ("load_in_4bit", "load_in_8bit"):
+        if model.get(key):  # refused when the job is planned, with every other problem of the file
+            flat[key] = model[key]
+    if model.get("use_peft"):
+        spec["peft"] = {
+            key: value
+            for key, value in model.items()
+            if key.startswith("lora_") or key in ("use_rslora", "use_dora")
+        }
+    for key in fields.dataset:
         flat.pop(key, None)
+    processes = flat.pop("num_processes", None)
+    if processes is None:
+        processes = _accelerate_config_processes(flat.get("accelerate_config"))
+    if processes is not None:
+        spec.setdefault("target", {})
+        spec["target"] = {**spec["target"], "_processes": processes}
     if init_kwargs:
         flat["model_init_kwargs"] = init_kwargs
     spec["args"] = flat
     return spec
+
+
+def _accelerate_config_processes(name: Any) -> int | None:
+    """The process count an `accelerate_config` (a file, or one of TRL's presets) launches; None if unknown here."""
+    if not isinstance(name, str):
+        return None
+    path = Path(name).expanduser()
+    if not path.is_file():
+        preset = trl_cli_fields()["accelerate_presets"].get(name)
+        return preset if isinstance(preset, int) else None
+    try:
+        config = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if str(config.get("distributed_type", "NO")).upper() == "NO":
+        return 1  # accelerate launches one process whatever num_processes says
+    processes = config.get("num_processes")
+    return processes if isinstance(processes, int) and processes > 0 else None
+
+
+def _check_world_size(data: dict[str, Any]) -> None:
+    """The launcher's process count sets the world size; a target that says otherwise is a contradiction."""
+    target = data.get("target")
+    if not isinstance(target, dict) or "_processes" not in target:
+        return
+    target = dict(target)
+    processes = target.pop("_processes")
+    given = target.get("world_size")
+    if given is not None and given != processes:
+        raise SpecError(
+            f"the target says {given} training processes but the config launches {processes} (num_processes or "
+            "its accelerate_config): make them equal, or drop world_size and let the config decide",
+            loc="target.world_size",
+        )
+    target["world_size"] = processes
+    data["target"] = target
+
+
+def dataset_selection(source: str | Path | dict[str, Any]) -> dict[str, Any]:
+    """The dataset a spec or TRL config file names: `dataset` (our key), or TRL's dataset selection keys
+    (`dataset_name`, `datasets`, ...), as given. Empty when it names none."""
+    data = source if isinstance(source, dict) else _read_mapping(source)
+    if not isinstance(data, dict):
+        return {}
+    selection = {key: data[key] for key in ("dataset", "sample") if data.get(key) is not None}
+    if is_trl_cli_config(data):
+        named = data.get("trainer")
+        trainer = named if isinstance(named, str) else "sft"
+        try:
+            names = trl_script_fields(trainer.lower()).dataset
+        except UnknownTrainerError:
+            return selection
+        selection.update({key: data[key] for key in names if key in data})
+    return selection
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A spec file as the command line reads it: the spec, plus the keys only the command line uses."""
+
+    spec: Spec
+    dataset: str | bool | None  # a local dataset to compute the data facts from (True: the config's own)
+    sample: int | None
+    pool: str | None
+    selection: dict[str, Any]  # the dataset the file itself names (TRL's dataset_name, datasets, ...)
+
+
+def read_job(
+    source: str | Path | dict[str, Any],
+    *,
+    trainer: str | None = None,
+    target: dict[str, Any] | None = None,
+    side: str | Path | dict[str, Any] | None = None,
+    dataset: str | bool | None = None,
+    sample: int | None = None,
+) -> Job:
+    """Read a spec or TRL config (file, YAML text or mapping) with its side file and flags.
+
+    The dataset it names (`dataset`, else the spec's or the side file's `dataset:`, a path relative to
+    the file that names it) is returned, not read: `warmup.facts` computes its facts (with TRL,
+    transformers and datasets), which the command line then puts in the spec's `data`.
+    """
+    data = source if isinstance(source, dict) else _read_mapping(source)
+    if not isinstance(data, dict):
+        raise SpecError(f"a spec is a mapping, not {type(data).__name__}")
+    side_data = (side if isinstance(side, dict) else _read_mapping(side, what="side file")) if side else {}
+    if not isinstance(side_data, dict):
+        raise SpecError(f"a side file is a mapping, not {type(side_data).__name__}", loc="side file")
+    unknown = sorted(set(side_data) - SIDE_FILE_KEYS)
+    if unknown:
+        raise SpecError(
+            [
+                FieldProblem(
+                    f"side file.{key}",
+                    f"not a warm-up key (the side file holds {', '.join(sorted(SIDE_FILE_KEYS))}; the job's own "
+                    "settings stay in the config `trl` reads)",
+                )
+                for key in unknown
+            ]
+        )
+    extras = {key: data.get(key, side_data.get(key)) for key in JOB_KEYS}
+    named_in = source if "dataset" in data else side if "dataset" in side_data else None
+    if isinstance(extras["dataset"], str) and isinstance(named_in, str | Path) and "\n" not in str(named_in):
+        extras["dataset"] = str(
+            Path(named_in).parent / Path(extras["dataset"]).expanduser()
+        )  # relative to its file
+    if dataset is not None:
+        extras["dataset"] = dataset
+    if sample is not None:
+        extras["sample"] = sample
+    spec = parse_spec(
+        {k: v for k, v in data.items() if k not in JOB_KEYS}, trainer=trainer, target=target, side=side_data
+    )
+    return Job(
+        spec=spec,
+        dataset=extras["dataset"],
+        sample=extras["sample"],
+        pool=extras["pool"],
+        selection=dataset_selection(data),
+    )
 
 
 def load_spec(
@@ -349,27 +552,40 @@ def load_spec(
     *,
     trainer: str | None = None,
     target: dict[str, Any] | None = None,
+    side: str | Path | dict[str, Any] | None = None,
 ) -> Spec:
-    """Load a spec from a YAML/JSON file, a YAML/JSON string, or a mapping."""
-    if isinstance(source, dict):
-        return parse_spec(source, trainer=trainer, target=target)
+    """Load a spec from a YAML/JSON file, a YAML/JSON string, or a mapping (see `read_job`).
+
+    A spec that names a dataset (`dataset:`) needs its facts computed first: `warmup.facts.dataset_facts`, or
+    any `warmup` command, which does it.
+    """
+    job = read_job(source, trainer=trainer, target=target, side=side)
+    if job.dataset not in (None, False):
+        raise SpecError(
+            f"the spec names a dataset ({job.dataset}) whose facts are not computed yet: run it through a `warmup` "
+            "command (or warmup.facts.dataset_facts) to fill `data`",
+            loc="dataset",
+        )
+    return job.spec
+
+
+def _read_mapping(source: str | Path, *, what: str = "spec file") -> Any:
     text: str
     path = Path(source) if isinstance(source, Path) or "\n" not in str(source) else None
     if path is not None and path.exists():
         try:
             text = path.read_text()
         except OSError as error:
-            raise SpecError(f"cannot read spec file {path}: {error.strerror}") from None
+            raise SpecError(f"cannot read {what} {path}: {error.strerror}") from None
     elif (
         path is not None
         and isinstance(source, Path | str)
         and str(source).endswith((".yaml", ".yml", ".json"))
     ):
-        raise SpecError(f"spec file {source} does not exist")
+        raise SpecError(f"{what} {source} does not exist")
     else:
         text = str(source)
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise SpecError(f"not valid YAML or JSON: {error}") from None
-    return parse_spec(data, trainer=trainer, target=target)

@@ -35,7 +35,12 @@ def build_tokenizer() -> Any:
 
 
 def write_tiny_model(
-    directory: Path, *, seq_classification: bool = False, layers: int = 2, hidden: int = 64
+    directory: Path,
+    *,
+    seq_classification: bool = False,
+    layers: int = 2,
+    hidden: int = 64,
+    max_position_embeddings: int = 4096,
 ) -> Path:
     """Write config.json and the tokenizer of a tiny Qwen3 model into `directory` (no weights)."""
     from transformers import Qwen3Config
@@ -49,7 +54,7 @@ def write_tiny_model(
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden // 4,
-        max_position_embeddings=4096,
+        max_position_embeddings=max_position_embeddings,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,

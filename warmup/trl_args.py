@@ -16,7 +16,6 @@ fail on the machine doing the planning; their values are read from the user's fi
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import re
 import threading
@@ -28,6 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from warmup.errors import FieldProblem, MissingDependencyError, SpecError
 from warmup.spec import Spec
+from warmup.trl_config import Launch
 
 CONFIG_CLASS_NAMES = {
     "sft": "SFTConfig",
@@ -55,9 +55,6 @@ POSITIVE_INT_FIELDS = (
     "eval_steps",
 )
 
-# Fields we override to build the class on this machine; the user's values are kept on the side.
-_NEUTRALIZED = {"use_cpu": True, "bf16": False, "fp16": False, "report_to": "none"}
-
 
 # TRL's package is a lazy module: its first attribute reads import submodules, and two threads doing that
 # at once on a cold process can see the half-initialised package ("module 'trl' has no attribute
@@ -82,7 +79,9 @@ def warm_up_trl() -> None:
     with _config_classes_lock, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for trainer in CONFIG_CLASS_NAMES:
-            _resolve_config_class(trainer)(output_dir="warmup-plan", **_NEUTRALIZED)
+            _resolve_config_class(trainer)(
+                output_dir="warmup-plan", use_cpu=True, bf16=False, report_to="none"
+            )
 
 
 def _resolve_config_class(trainer: str) -> type:
@@ -99,12 +98,12 @@ def _resolve_config_class(trainer: str) -> type:
 
 
 @functools.cache
-def _fields(cls: type) -> dict[str, dataclasses.Field]:
+def _fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
     return {f.name: f for f in dataclasses.fields(cls) if f.init}
 
 
 @functools.cache
-def _adapter(annotation: Any) -> TypeAdapter | None:
+def _adapter(annotation: Any) -> TypeAdapter[Any] | None:
     try:
         return TypeAdapter(annotation)
     except Exception:  # exotic annotations (enums of transformers, forward refs) are left to TRL itself
@@ -121,6 +120,9 @@ class TrainerArgs:
     fp16: bool
     compile_backend: str | None  # None when the job does not torch.compile
     compile_mode: str | None
+    launch: Launch = dataclasses.field(default_factory=Launch)  # what `trl` hands to `accelerate launch`
+    script: dict[str, Any] = dataclasses.field(default_factory=dict)  # the script's own arguments
+    notes: tuple[str, ...] = ()  # warnings about the config itself (deprecations, env)
 
     def __getattr__(self, name: str) -> Any:
         # Attribute access falls through to the TRL config: `args.per_device_train_batch_size`.
@@ -130,21 +132,34 @@ class TrainerArgs:
     def autocast(self) -> str | None:
         return "bf16" if self.bf16 else "fp16" if self.fp16 else None
 
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """The trainer config fields the job sets, as TRL's parser read them (what the job's config is built from)."""
+        return dict(self.given)
+
 
 def resolve_trainer_args(spec: Spec) -> TrainerArgs:
-    """Validate `spec.args` with TRL's config class and resolve it for `spec.target`.
+    """Validate `spec.args` as `trl <trainer> --config` reads them, build TRL's config class, and resolve it for
+    `spec.target`.
 
-    Raises SpecError naming every bad field (`args.<name>`) with the reason.
+    Raises SpecError naming every bad field (`args.<name>`) with the reason and the fix.
     """
+    from warmup.trl_config import MACHINE_CHECKED, read_trl_args, value_problem
+
     cls = config_class(spec.trainer)
     fields = _fields(cls)
-    given = dict(spec.args)
-    problems = _unknown_or_mistyped(given, fields, cls.__name__)
+    trl = read_trl_args(spec, cls)
+    given = dict(trl.trainer)
+    problems = list(trl.problems)
     problems += _impossible_values(given)
+    problems += [
+        FieldProblem(f"args.{name}", hint)
+        for name, value in given.items()
+        if (hint := value_problem(name, value)) is not None
+    ]
     if problems:
         raise SpecError(problems)
 
-    kwargs = {**given, **_NEUTRALIZED}
+    kwargs = {**given, **{k: v for k, v in MACHINE_CHECKED.items() if k in fields}}
     kwargs.setdefault("output_dir", "warmup-plan")
     # "auto" resolves per target, exactly as TRL does on the device the job runs on.
     kwargs["pad_to_multiple_of"] = resolve_pad_to_multiple_of(given.get("pad_to_multiple_of", "auto"), spec)
@@ -158,37 +173,79 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         # hand it the global size and restore the per-device value afterwards.
         eval_batch = given.get("per_device_eval_batch_size", fields["per_device_eval_batch_size"].default)
         kwargs["per_device_eval_batch_size"] = eval_batch * spec.target.world_size
+    caught: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             config = cls(**kwargs)
     except (ValueError, TypeError) as error:
-        raise SpecError([FieldProblem(_field_named_in(str(error), given), str(error))]) from None
+        message = str(error)
+        loc = _field_named_in(message, given)
+        hint = value_problem(loc.removeprefix("args."), given.get(loc.removeprefix("args.")))
+        raise SpecError(
+            [FieldProblem(loc, f"TRL refuses it: {message}" + (f"; {hint}" if hint else ""))]
+        ) from None
     if generation is not None:
         config.steps_per_generation, config.generation_batch_size = generation
         config.per_device_eval_batch_size = eval_batch
+    # Types are checked on what TRL made of the values (`loss_type: sigmoid` is a one-item list by now).
+    problems = _mistyped(
+        {name: getattr(config, name) for name in given if name not in MACHINE_CHECKED}, cls, given
+    )
+    if problems:
+        raise SpecError(problems)
 
     bf16 = given.get("bf16")
     fp16 = bool(given.get("fp16", False))
     if bf16 is None:  # TRL's rule (trl/trainer/base_config.py): bf16 unless fp16
         bf16 = not fp16
+    autocast = "bf16" if bf16 else "fp16" if fp16 else None
+    if autocast is None and trl.launch.mixed_precision in ("bf16", "fp16"):
+        # TrainingArguments takes the launcher's ACCELERATE_MIXED_PRECISION when neither is set
+        autocast = trl.launch.mixed_precision
     compile_backend = None
-    if config.torch_compile or given.get("torch_compile_backend") or given.get("torch_compile_mode"):
+    compile_mode = given.get("torch_compile_mode")
+    if (
+        config.torch_compile
+        or given.get("torch_compile_backend")
+        or compile_mode
+        or trl.launch.dynamo_backend
+    ):
         compile_backend = "neuron" if spec.target.backend == "neuron" else "inductor"
-        user_backend = given.get("torch_compile_backend")
+        user_backend = given.get("torch_compile_backend") or trl.launch.dynamo_backend
+        where = (
+            "args.torch_compile_backend" if given.get("torch_compile_backend") else "args.accelerate_config"
+        )
         if user_backend and user_backend != compile_backend:
             raise SpecError(
-                f"torch_compile_backend {user_backend!r} does not match the target backend {spec.target.backend!r}",
-                loc="args.torch_compile_backend",
+                f"compile backend {user_backend!r} does not match the target backend {spec.target.backend!r}",
+                loc=where,
             )
+        compile_mode = compile_mode or trl.launch.dynamo_mode
+    notes = list(trl.warnings) + _deprecations(caught, given)
     return TrainerArgs(
         config=config,
         given=given,
-        bf16=bool(bf16),
-        fp16=fp16,
+        bf16=autocast == "bf16",
+        fp16=autocast == "fp16",
         compile_backend=compile_backend,
-        compile_mode=given.get("torch_compile_mode"),
+        compile_mode=compile_mode,
+        launch=trl.launch,
+        script=trl.script,
+        notes=tuple(notes),
     )
+
+
+def _deprecations(caught: list[warnings.WarningMessage], given: dict[str, Any]) -> list[str]:
+    """TRL's and transformers' own deprecation warnings about fields the user set, in their words."""
+    found = []
+    for item in caught:
+        if not issubclass(item.category, (FutureWarning, DeprecationWarning)):
+            continue
+        text = str(item.message)
+        if any(re.search(rf"`{re.escape(name)}\b", text) for name in given):
+            found.append(f"TRL / transformers: {text}")
+    return list(dict.fromkeys(found))
 
 
 def resolve_pad_to_multiple_of(value: Any, spec: Spec) -> int | None:
@@ -211,7 +268,7 @@ def resolve_pad_to_multiple_of(value: Any, spec: Spec) -> int | None:
 
 
 def _generation_batch(
-    given: dict[str, Any], fields: dict[str, dataclasses.Field], world_size: int
+    given: dict[str, Any], fields: dict[str, dataclasses.Field[Any]], world_size: int
 ) -> tuple[int, int]:
     """GRPO / RLOO: (steps_per_generation, generation_batch_size) by TRL's rule, for `world_size` processes."""
 
@@ -239,25 +296,14 @@ def _generation_batch(
     return steps, global_batch * steps
 
 
-def _unknown_or_mistyped(given: dict[str, Any], fields: dict[str, dataclasses.Field], cls_name: str) -> list:
+def _mistyped(resolved: dict[str, Any], cls: type, given: dict[str, Any]) -> list[FieldProblem]:
     problems = []
-    unknown = 0
-    hints = typing.get_type_hints
-    for name, value in given.items():
-        if name not in fields:
-            unknown += 1
-            # A fuzzy search costs milliseconds: suggest for the first few, not for thousands of junk keys.
-            close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.75) if unknown <= 20 else []
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            problems.append(FieldProblem(f"args.{name}", f"unknown field for {cls_name}{hint}"))
-            continue
-        annotation = fields[name].type
-        if isinstance(annotation, str):
-            try:
-                annotation = hints(fields[name].type)  # pragma: no cover - TRL uses real annotations
-            except Exception:
-                continue
-        adapter = _adapter(annotation)
+    # The class's own annotations: HfArgumentParser rewrites the `type` of the dataclass's Field objects in place
+    # (`int | str | None` becomes `str`), so dataclasses.fields() no longer tells the truth once a parser was built.
+    annotations = _annotations(cls)
+    for name, value in resolved.items():
+        annotation = annotations.get(name)
+        adapter = _adapter(annotation) if annotation is not None else None
         if adapter is None or value is None:
             continue
         try:
@@ -266,10 +312,18 @@ def _unknown_or_mistyped(given: dict[str, Any], fields: dict[str, dataclasses.Fi
             first = error.errors(include_url=False)[0]
             problems.append(
                 FieldProblem(
-                    f"args.{name}", f"expected {_type_name(annotation)}, got {value!r} ({first['msg']})"
+                    f"args.{name}", f"expected {_type_name(annotation)}, got {given[name]!r} ({first['msg']})"
                 )
             )
     return problems
+
+
+@functools.cache
+def _annotations(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # pragma: no cover - TRL's annotations resolve
+        return {}
 
 
 def _impossible_values(given: dict[str, Any]) -> list[FieldProblem]:

@@ -8,8 +8,8 @@ with their size, and the coverage training runs reported over time. When auth is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
@@ -23,15 +23,19 @@ from markupsafe import Markup
 from api.deps import ServicesDep, authorize, bearer_token
 from api.stats import CacheRow, CoveragePoint, Stats
 from warmup import __version__
+from warmup.advise import Advice, AdviceOption
 from warmup.db.records import JobStatus, SignatureStatus
 from warmup.db.repository import Repository
 from warmup.formatting import format_duration
 from warmup.signature import Signature
+from warmup.spec import Spec
 
 router = APIRouter(tags=["status"])
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 MAX_JOBS = 20
 MAX_REPORTS = 60
+# Jobs whose padding advice the page shows (the newest that can be advised): each costs seconds when not cached.
+MAX_ADVISED = 5
 
 # One colour per signature state, shared by every chart and the legend.
 STATE_COLORS = {
@@ -53,7 +57,7 @@ def _environment() -> Environment:
     return env
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class JobView:
     status: JobStatus
     title: str  # trainer and model
@@ -62,6 +66,7 @@ class JobView:
     compile_seconds: float
     progress: Markup  # stacked bar of states
     strip: Markup  # one square per signature
+    advice: Markup | None = None  # projected job time per padding setting, when the spec can be advised
 
 
 @router.get("/", response_class=HTMLResponse, summary="Status page", include_in_schema=False)
@@ -76,9 +81,15 @@ def status_page(
     summaries = repository.list_jobs(limit=MAX_JOBS)
     statuses = [s for s in (repository.job_status(j.id) for j in summaries) if s is not None]
     labels = stats.toolchain_labels({s.toolchain_key for s in statuses})
-    jobs = [
-        _job_view(s, _spec_title(repository, s.spec_key), labels.get(s.toolchain_key, "?")) for s in statuses
-    ]
+    jobs: list[JobView] = []
+    for status in statuses:
+        spec = _spec(repository, status.spec_key)
+        view = _job_view(status, _spec_title(spec, status.spec_key), labels.get(status.toolchain_key, "?"))
+        advised = sum(job.advice is not None for job in jobs)
+        if spec is not None and advised < MAX_ADVISED:
+            advice = services.advice_for_job(spec, status.toolchain_key)
+            view = dataclasses.replace(view, advice=advice_chart(advice) if advice else None)
+        jobs.append(view)
     caches = stats.caches()
     coverage = stats.coverage(limit=MAX_REPORTS)
     reports, fresh, saved = stats.coverage_totals()
@@ -103,17 +114,27 @@ def status_page(
             coverage=list(reversed(coverage[-10:])),
             coverage_chart=coverage_chart(coverage),
             colors=STATE_COLORS,
+            advice_colors=ADVICE_COLORS,
         )
     )
     return HTMLResponse(html, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
 
 
-def _spec_title(repository: Repository, spec_key: str) -> str:
-    spec = repository.get_spec(spec_key)
+def _spec(repository: Repository, spec_key: str) -> Spec | None:
+    stored = repository.get_spec(spec_key)
+    if stored is None:
+        return None
+    try:
+        return Spec.model_validate(stored.data)
+    except ValueError:  # stored by an older version whose spec no longer validates
+        return None
+
+
+def _spec_title(spec: Spec | None, spec_key: str) -> str:
     if spec is None:
         return spec_key[:12]
-    model = str(spec.data.get("model", "?")).rstrip("/").rsplit("/", 2)
-    return f"{spec.data.get('trainer', '?')} · {'/'.join(model[-2:])}"
+    model = spec.model.rstrip("/").rsplit("/", 2)
+    return f"{spec.trainer} · {'/'.join(model[-2:])}"
 
 
 def _job_view(status: JobStatus, title: str, toolchain: str) -> JobView:
@@ -248,6 +269,60 @@ def coverage_chart(points: list[CoveragePoint], width: int = 720, height: int = 
         f'<svg class="chart" width="{width}" height="{height}" role="img" '
         f'aria-label="fresh compiles per training run over time">{"".join(parts)}</svg>'
     )
+
+
+def advice_chart(advice: Advice, width: int = 460, bar: int = 12) -> Markup:
+    """Projected job time per padding setting, fastest first: compile time then training time, as bars.
+    The scale stops at four times the fastest (a setting hours slower is clipped and says so)."""
+    options = sorted(advice.options, key=lambda o: o.projected_seconds)
+    fastest = options[0].projected_seconds
+    scale = min(options[-1].projected_seconds, 4 * fastest) or 1.0
+    label_w, value_w = 180, 70
+    plot_w = width - label_w - value_w
+    rows = []
+    for i, option in enumerate(options):
+        y = i * (bar + 4)
+        label = _advice_label(option)
+        if option.current:
+            label += " (current)"
+        compile_w = min(plot_w, plot_w * option.compile_seconds / scale)
+        train_w = min(plot_w - compile_w, plot_w * option.train_seconds / scale)
+        clipped = option.projected_seconds > scale
+        tip = (
+            f"{label}: {len(option.signatures)} signatures, compile {format_duration(option.compile_seconds)}, "
+            f"training {format_duration(option.train_seconds)}, padding waste {option.padding_waste:.0%}"
+        )
+        weight = ' font-weight="bold"' if option is advice.recommended else ""
+        rows.append(
+            f"<g><title>{escape(tip)}</title>"
+            f'<text x="0" y="{y + bar - 2}" class="label"{weight}>{escape(label)}</text>'
+            f'<rect x="{label_w}" y="{y}" width="{compile_w:.1f}" height="{bar}" fill="{ADVICE_COLORS["compile"]}"/>'
+            f'<rect x="{label_w + compile_w:.1f}" y="{y}" width="{train_w:.1f}" height="{bar}" '
+            f'fill="{ADVICE_COLORS["training"]}"/>'
+            f'<text x="{label_w + plot_w + 4}" y="{y + bar - 2}" class="value">'
+            f"{'&gt; ' if clipped else ''}{format_duration(option.projected_seconds)}</text></g>"
+        )
+    height = len(options) * (bar + 4)
+    best = advice.recommended
+    caption = (
+        f"fastest: {_advice_label(best)}, {advice.saving_fraction:.0%} less than the current setting"
+        if not best.current
+        else "the current setting projects the shortest job"
+    )
+    return Markup(
+        f'<svg class="chart advice" width="{width}" height="{height}" role="img" '
+        f'aria-label="projected job time per padding setting; {escape(caption)}">{"".join(rows)}</svg>'
+        f"<br><small>{escape(caption)}; from the length histogram: an estimate</small>"
+    )
+
+
+def _advice_label(option: AdviceOption) -> str:
+    pad = "none" if option.pad_to_multiple_of is None else option.pad_to_multiple_of
+    return f"pad {pad}" + (f", max {option.max_length}" if option.max_length is not None else "")
+
+
+# Projected time per padding setting: compile time and training time.
+ADVICE_COLORS = {"compile": "#8e24aa", "training": "#5c6bc0"}
 
 
 # --- formatting ---------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from api.schemas import DATABASE_INT_MAX, WarmupRequest
 from warmup.db.records import CoverageReportRecord, JobStatus, JobSummary, Keyed, TaskLog
 from warmup.errors import JobNotFoundError, RehearsalError, SpecError
 from warmup.rehearsal.units import require_rehearsable
-from warmup.toolchain import Toolchain
 
 router = APIRouter(prefix="/v1", tags=["warmups"])
 
@@ -25,7 +24,7 @@ router = APIRouter(prefix="/v1", tags=["warmups"])
     responses={200: {"description": "The same spec under the same toolchain already had this job"}},
 )
 def submit_warmup(body: WarmupRequest, services: ServicesDep, response: Response) -> JobStatus:
-    toolchain = body.toolchain or _pool_toolchain(services, body.pool or "", body.spec.target.world_size)
+    toolchain = body.toolchain or services.pool_toolchain(body.pool or "", body.spec.target.world_size)
     target = body.spec.target
     if (toolchain.backend, toolchain.device) != (target.backend, target.device):
         raise SpecError(
@@ -53,19 +52,6 @@ def submit_warmup(body: WarmupRequest, services: ServicesDep, response: Response
     status = services.repository.job_status(result.job_id)
     assert status is not None
     return status
-
-
-def _pool_toolchain(services: ServicesDep, pool: str, world_size: int) -> Toolchain:
-    found = services.repository.resolve_pool(pool, world_size)
-    if found is None:
-        scale = f" for jobs of {world_size} processes" if world_size > 1 else ""
-        raise SpecError(
-            f"no worker of pool {pool!r} has registered{scale} yet; start one with "
-            f"`warmup worker --pool {pool}"
-            + (" --world-sizes 1,2` (it warms jobs of any number of processes)" if world_size > 1 else "`"),
-            loc="pool",
-        )
-    return Toolchain.model_validate(found.data)
 
 
 @router.get(

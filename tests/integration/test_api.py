@@ -108,7 +108,11 @@ def test_invalid_spec_is_422_with_field_and_reason(api, model_dir):
     detail = answer.json()["detail"]
     assert detail["error"] == "invalid_spec"
     assert detail["problems"] == [
-        {"loc": "args.max_lenght", "msg": "unknown field for SFTConfig; did you mean 'max_length'?"}
+        {
+            "loc": "args.max_lenght",
+            "msg": "unknown field (`trl sft` refuses it: accelerate launch: unrecognized arguments: --max_lenght); "
+            "not a field of any dataclass `trl sft` reads; did you mean `max_length`?",
+        }
     ]
     unknown = api.post("/v1/plans", json={"spec": spec_body(model_dir) | {"trainer": "stf"}})
     assert unknown.status_code == 422

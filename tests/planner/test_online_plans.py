@@ -8,6 +8,7 @@ import pytest
 
 from tests.support.tiny_model import write_tiny_model
 from warmup.cli import main
+from warmup.errors import EmptyPlanError
 from warmup.planner import estimate_seconds, plan_spec
 from warmup.spec import load_spec
 
@@ -150,11 +151,15 @@ def test_min_new_tokens_raises_the_smallest_completion_bucket(tiny_model_dir):
 # --- unbounded lengths ---------------------------------------------------------------------------
 
 
-def test_unbounded_prompts_or_completions_plan_nothing_and_say_why(tiny_model_dir):
-    no_prompts = make_plan(tiny_model_dir, args=BF16, data={})
-    assert not no_prompts.signatures and warned(no_prompts, "data.max_prompt_tokens")
-    unbounded = make_plan(tiny_model_dir, args={**BF16, "max_completion_length": None})
-    assert not unbounded.signatures and warned(unbounded, "set max_completion_length")
+def test_unbounded_prompts_or_completions_are_refused_naming_the_missing_fact(tiny_model_dir):
+    """A GRPO job compiles: a plan of nothing would warm nothing and pass, so it is an error naming the fact."""
+    with pytest.raises(EmptyPlanError) as no_prompts:
+        make_plan(tiny_model_dir, args=BF16, data={})
+    assert [p.loc for p in no_prompts.value.problems] == ["data.max_prompt_tokens"]
+    assert "--dataset PATH" in str(no_prompts.value)
+    with pytest.raises(EmptyPlanError) as unbounded:
+        make_plan(tiny_model_dir, args={**BF16, "max_completion_length": None})
+    assert [p.loc for p in unbounded.value.problems] == ["args.max_completion_length"]
 
 
 def test_max_tokens_bounds_the_prompts_when_max_prompt_tokens_is_missing(tiny_model_dir):

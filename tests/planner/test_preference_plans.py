@@ -11,7 +11,7 @@ import json
 import pytest
 
 from warmup.cli import main
-from warmup.errors import SpecError
+from warmup.errors import EmptyPlanError, SpecError
 from warmup.planner import estimate_seconds, plan_spec
 from warmup.signature import Plan
 from warmup.spec import load_spec
@@ -215,8 +215,9 @@ def test_unknown_example_counts_and_lengths_are_warned(model):
     plan = make_plan("dpo", model(), {"max_length": 64, "precompute_ref_log_probs": True}, target=NEURON)
     assert warned(plan, "give data.num_train_examples (or set dataloader_drop_last: true)")
     assert warned(plan, "reference-precompute batch over the train split")
-    unbounded = make_plan("dpo", model(), {"max_length": None})
-    assert unbounded.signatures == [] and warned(unbounded, "unbounded")
+    with pytest.raises(EmptyPlanError) as unbounded:
+        make_plan("dpo", model(), {"max_length": None})
+    assert [p.loc for p in unbounded.value.problems] == ["args.max_length"]
 
 
 def test_vision_language_models_are_planned_for_text_only(model):

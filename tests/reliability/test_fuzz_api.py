@@ -175,7 +175,7 @@ def _json(content: bytes) -> Any:
 
 # --- hypothesis: plausible specs, one field broken -------------------------------------------------
 
-SPEC_ROUTES = ("/v1/plans", "/v1/warmups", "/v1/manifests", "/v1/coverage")
+SPEC_ROUTES = ("/v1/plans", "/v1/advice", "/v1/warmups", "/v1/manifests", "/v1/coverage")
 TOOLCHAIN = cpu_toolchain().model_dump(mode="json")
 INT_ARGS = (
     "per_device_train_batch_size",
@@ -199,8 +199,16 @@ def base_spec(model_dir: Path) -> dict[str, Any]:
     }
 
 
+# Per-example lengths within the base spec's data facts, for the advice route.
+LENGTHS = {"train": [40, 52, 60, 47, 41, 58, 55, 44]}
+
+
 def body_for(route: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"spec": spec} if route == "/v1/plans" else {"spec": spec, "toolchain": TOOLCHAIN}
+    if route == "/v1/plans":
+        return {"spec": spec}
+    if route == "/v1/advice":
+        return {"spec": spec, "dataset": LENGTHS, "toolchain": TOOLCHAIN}
+    return {"spec": spec, "toolchain": TOOLCHAIN}
 
 
 def not_an_int() -> st.SearchStrategy[Any]:
@@ -345,8 +353,12 @@ def test_the_base_spec_plans(app, model_dir, admin_headers) -> None:
     """The fuzzer's starting point is valid: whatever it breaks, the refusal is about that field."""
     with TestClient(app) as client:
         answer = client.post("/v1/plans", json={"spec": base_spec(model_dir)}, headers=admin_headers)
+        advice = client.post(
+            "/v1/advice", json=body_for("/v1/advice", base_spec(model_dir)), headers=admin_headers
+        )
     assert answer.status_code == 200, answer.text
     assert answer.json()["signatures"]
+    assert advice.status_code == 200, advice.text
 
 
 def test_broken_specs_are_refused_naming_the_field(app, model_dir, admin_headers) -> None:

@@ -125,13 +125,21 @@ def test_unknown_arg_names_the_field_and_suggests():
     with pytest.raises(SpecError) as error:
         resolve_trainer_args(load_spec(spec_dict(args={"max_lenght": 512})))
     assert problems(error.value) == {
-        "args.max_lenght": "unknown field for SFTConfig; did you mean 'max_length'?"
+        "args.max_lenght": "unknown field (`trl sft` refuses it: accelerate launch: unrecognized arguments: "
+        "--max_lenght); not a field of any dataclass `trl sft` reads; did you mean `max_length`?"
     }
 
 
 def test_wrong_type_names_the_field():
     with pytest.raises(SpecError) as error:
         resolve_trainer_args(load_spec(spec_dict(args={"per_device_train_batch_size": "four"})))
+    assert list(problems(error.value)) == ["args.per_device_train_batch_size"]
+    assert "invalid int value: 'four'" in str(error.value)  # TRL's parser's own words
+
+
+def test_a_value_of_the_wrong_kind_that_is_not_text_names_the_field():
+    with pytest.raises(SpecError) as error:
+        resolve_trainer_args(load_spec(spec_dict(args={"per_device_train_batch_size": [4]})))
     assert list(problems(error.value)) == ["args.per_device_train_batch_size"]
     assert "expected int" in str(error.value)
 
@@ -229,3 +237,38 @@ def test_grpo_eval_batch_is_checked_globally_for_the_target_world_size():
         )
     )
     assert resolve_trainer_args(two).per_device_eval_batch_size == 2
+
+
+def test_the_trl_cli_field_lists_are_the_installed_trls():
+    """warmup/data/trl_cli_fields.json lets a pod read trl configs without TRL; it must say what TRL says."""
+    import importlib.util
+    import json
+    from importlib import resources
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[2] / "tools" / "trl_cli_fields.py"
+    module_spec = importlib.util.spec_from_file_location("trl_cli_fields", tool)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    shipped = json.loads(resources.files("warmup.data").joinpath("trl_cli_fields.json").read_text())
+    assert shipped == module.build(), (
+        "TRL changed: python tools/trl_cli_fields.py > warmup/data/trl_cli_fields.json"
+    )
+
+
+def test_a_trl_config_is_read_without_importing_trl(tmp_path):
+    """What `warmup pull trl.yaml` does on a pod stays free of TRL, torch and transformers."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "grpo.yaml"
+    config.write_text("model_name_or_path: m\naccelerate_config: zero2\nreward_funcs: [x]\ndataset_name: d\n")
+    probe = (
+        "import sys\nfrom warmup.spec import load_spec\n"
+        f"spec = load_spec({str(config)!r}, trainer='grpo')\n"
+        "print(spec.target.world_size, sorted(m for m in ('trl', 'torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["8", "[]"]  # zero2's 8 processes, read from the shipped preset counts

@@ -1,6 +1,8 @@
 """The `warmup` command: one module per command group, and nothing in the project imports them.
 
 - `local`: plan and warm on this machine;
+- `facts`: the data facts of a job's dataset;
+- `advise`: compare padding settings of a job on its dataset's lengths;
 - `submit`: submit a job to the service (CI pre-warming), print this machine's toolchain;
 - `pod`: pull, exec and coverage, for training pods (base install only);
 - `service`: serve, worker, token and gc, for the service's own machines;
@@ -17,8 +19,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from warmup.cli import local, pod, selftest, service, submit
-from warmup.errors import WarmupError
+from warmup.cli import advise, facts, local, pod, selftest, service, submit
+from warmup.errors import SpecError, WarmupError
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -31,11 +33,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     local.register(sub)
+    facts.register(sub)
+    advise.register(sub)
     service.register(sub, with_options=command is None or command in service.COMMANDS)
     submit.register(sub)
     pod.register(sub)
     selftest.register(sub)
     return parser
+
+
+def describe(error: WarmupError) -> str:
+    """One line, or for a spec with several problems one line per problem, each with its field."""
+    problems = getattr(error, "problems", None)
+    if isinstance(error, SpecError) and problems and len(problems) > 1:
+        return f"invalid spec ({len(problems)} problems):\n" + "\n".join(f"  {p}" for p in problems)
+    return str(error)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(ns.func(ns))
     except WarmupError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {describe(error)}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

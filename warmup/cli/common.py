@@ -1,17 +1,40 @@
-"""What several commands share: the SPEC argument and its target overrides."""
+"""What several commands share: the SPEC argument, its side file, its target overrides and its dataset."""
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from warmup.spec import Spec
+    from warmup.spec import Job, Spec
+
+# `--target` in one word: where the training processes run, and so the compile backend.
+TARGETS = {
+    "neuron": {"backend": "neuron", "device": "neuron"},
+    "cuda": {"backend": "inductor", "device": "cuda"},
+    "cpu": {"backend": "inductor", "device": "cpu"},
+}
+# The spec options, by dest: `warmup exec` accepts them after SPEC too.
+SPEC_OPTION_DESTS = ("trainer", "side", "target", "backend", "device", "world_size", "dataset", "sample")
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("spec", help="spec file (YAML/JSON), or the YAML of `trl <trainer> --config`")
-    parser.add_argument("--trainer", help="trainer kind, for a TRL CLI config that does not say it")
+    parser.add_argument(
+        "spec", help="the YAML you pass to `trl <trainer> --config`, or a spec file (YAML/JSON)"
+    )
+    parser.add_argument("--trainer", help="trainer kind, for a TRL CLI config (it does not say it)")
+    parser.add_argument(
+        "--side",
+        metavar="FILE",
+        help="side file of warm-up settings kept beside the trl config (trainer, target, data, dataset, "
+        "sample, pool): `trl` never reads it, so the config runs under `trl` unchanged",
+    )
+    parser.add_argument(
+        "--target",
+        choices=sorted(TARGETS),
+        help="where training runs: neuron (TorchNeuron), cuda or cpu (Inductor)",
+    )
     parser.add_argument(
         "--backend", choices=["neuron", "inductor"], help="override the spec's target backend"
     )
@@ -19,14 +42,58 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
         "--device", choices=["neuron", "cuda", "cpu"], help="override the spec's target device"
     )
     parser.add_argument("--world-size", type=int, help="override the spec's number of training processes")
+    parser.add_argument(
+        "--dataset",
+        nargs="?",
+        const=True,
+        metavar="PATH",
+        help="compute the data facts from this local dataset (JSON/JSONL/Parquet/CSV file, save_to_disk or data "
+        "directory) with the model's tokenizer and the trainer's preprocessing; alone, from the config's own "
+        "dataset_name / datasets when they are on this machine (nothing is downloaded)",
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help="read only the first N examples of each split: the facts are then an estimate, and say so",
+    )
+
+
+def target_overrides(ns: argparse.Namespace) -> dict[str, Any] | None:
+    target = dict(TARGETS[ns.target]) if getattr(ns, "target", None) else {}
+    for key, value in (("backend", ns.backend), ("device", ns.device), ("world_size", ns.world_size)):
+        if value is not None:
+            target[key] = value
+    return target or None
+
+
+def load_job_from_args(ns: argparse.Namespace) -> Job:
+    """The spec file with its side file and flags; a dataset it names has its facts computed into `data`."""
+    import dataclasses
+
+    from warmup.spec import read_job
+
+    job = read_job(
+        ns.spec,
+        trainer=ns.trainer,
+        target=target_overrides(ns),
+        side=getattr(ns, "side", None),
+        dataset=getattr(ns, "dataset", None),
+        sample=getattr(ns, "sample", None),
+    )
+    if job.dataset in (None, False):
+        return job
+    from warmup.facts import dataset_facts, progress_bar
+
+    found = dataset_facts(
+        job.spec,
+        None if job.dataset is True else str(job.dataset),  # `--dataset` alone: the config's own dataset_name
+        selection=job.selection,
+        sample=job.sample,
+        progress=progress_bar(sys.stderr),
+    )
+    return dataclasses.replace(job, spec=job.spec.model_copy(update={"data": found.data}))
 
 
 def load_spec_from_args(ns: argparse.Namespace) -> Spec:
-    from warmup.spec import load_spec
-
-    target = {
-        key: value
-        for key, value in (("backend", ns.backend), ("device", ns.device), ("world_size", ns.world_size))
-        if value is not None
-    }
-    return load_spec(ns.spec, trainer=ns.trainer, target=target or None)
+    return load_job_from_args(ns).spec

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmup.cli.common import add_spec_arguments, load_spec_from_args
+from warmup.cli.common import SPEC_OPTION_DESTS, add_spec_arguments, load_spec_from_args
 from warmup.errors import WarmupError
 from warmup.formatting import format_table
 
@@ -53,10 +53,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_pull_options(exec_)
     options_only = argparse.ArgumentParser(prog="warmup exec", add_help=False)
     add_pull_options(options_only)
-    for action in exec_._actions:  # the spec overrides (--trainer, --backend, ...) may follow SPEC too
-        if action.option_strings and action.dest in ("trainer", "backend", "device", "world_size"):
+    for action in exec_._actions:  # the spec options (--trainer, --side, --dataset, ...) may follow SPEC too
+        if action.option_strings and action.dest in SPEC_OPTION_DESTS:
+            extra = {"nargs": action.nargs, "const": action.const} if action.nargs == "?" else {}
             options_only.add_argument(
-                *action.option_strings, dest=action.dest, type=action.type or str, choices=action.choices
+                *action.option_strings,
+                dest=action.dest,
+                type=action.type or str,
+                choices=action.choices,
+                **extra,
             )
     exec_.add_argument(
         "argv",

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from warmup.cli.common import add_spec_arguments, load_spec_from_args
+from warmup.cli.common import add_spec_arguments, load_job_from_args
 from warmup.errors import WarmupError
 from warmup.formatting import format_duration
 
@@ -63,11 +63,15 @@ def cmd_submit(ns: argparse.Namespace) -> int:
 
     if not ns.server:
         raise WarmupError("give the service URL: --server URL (or WARMUP_SERVER)")
-    spec = load_spec_from_args(ns)
+    job_file = load_job_from_args(ns)
+    spec = job_file.spec
+    pool = (
+        ns.pool if ns.pool is not None or ns.toolchain is not None else job_file.pool
+    )  # the side file's pool
     toolchain: dict[str, Any] | None = None
     if ns.toolchain is not None:
         toolchain = json.loads(ns.toolchain.read_text())
-    elif ns.pool is None:
+    elif pool is None:
         from warmup.toolchain import current_toolchain
 
         target = spec.target
@@ -76,7 +80,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         )
     with ServiceClient(ns.server) as client:
         job = client.submit(
-            spec.model_dump(mode="json"), toolchain=toolchain, pool=ns.pool, retry_failed=ns.retry_failed
+            spec.model_dump(mode="json"), toolchain=toolchain, pool=pool, retry_failed=ns.retry_failed
         )
         print(f"job {job['id']}: {_counts_line(job)}", file=sys.stderr)
         if not ns.wait:

@@ -245,6 +245,38 @@ class Repository:
                     counts[toolchain_key] += count
         return dict(counts)
 
+    def compile_seconds(self, signature_keys: Sequence[str], toolchain_key: str) -> dict[str, float]:
+        """The compile seconds recorded for these signatures under the toolchain (those with an entry)."""
+        found: dict[str, float] = {}
+        with self._sessions() as session:
+            for start in range(0, len(signature_keys), CHUNK):
+                chunk = list(signature_keys[start : start + CHUNK])
+                rows = session.execute(
+                    select(m.Entry.signature_key, m.Entry.compile_seconds).where(
+                        m.Entry.toolchain_key == toolchain_key,
+                        m.Entry.signature_key.in_(chunk),
+                        m.Entry.compile_seconds.is_not(None),
+                    )
+                )
+                found.update({key: float(seconds) for key, seconds in rows if seconds is not None})
+        return found
+
+    def compile_samples(self, toolchain_key: str, *, limit: int = 5000) -> list[tuple[str, str, float]]:
+        """(model config hash, phase, compile seconds) of the newest entries under the toolchain."""
+        with self._sessions() as session:
+            rows = session.execute(
+                select(m.Signature.data, m.Entry.compile_seconds)
+                .join(m.Signature, m.Signature.key == m.Entry.signature_key)
+                .where(m.Entry.toolchain_key == toolchain_key, m.Entry.compile_seconds.is_not(None))
+                .order_by(m.Entry.created_at.desc())
+                .limit(limit)
+            )
+            return [
+                (str(data.get("model")), str(data.get("phase")), float(seconds))
+                for data, seconds in rows
+                if isinstance(data, dict)
+            ]
+
     def get_spec(self, key: str) -> Keyed | None:
         return self._document(m.Spec, key)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from warmup.errors import ModelConfigError, SpecError
+from warmup.errors import EmptyPlanError, FieldProblem, ModelConfigError, SpecError
 from warmup.model_facts import ModelFacts, read_model_facts
 from warmup.planner.common import MAX_SIGNATURES, PlanBuilder
 from warmup.planner.estimate import estimate_seconds
@@ -47,7 +47,20 @@ def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts |
     builder = PlanBuilder(spec=spec, args=args, model=model, teacher=teacher)
     _target_warnings(builder)
     _world_size_notes(builder)
+    _check_model_length(builder)
+    _config_warnings(builder)
     PLANNERS[spec.trainer](builder)
+    if not builder.signatures:
+        raise EmptyPlanError(
+            builder.missing
+            or [
+                FieldProblem(
+                    "args",
+                    f"the {spec.trainer} job lists no signature: "
+                    + "; ".join(builder.warnings or ["no shape reached"]),
+                )
+            ]
+        )
     _recompile_limit_warning(builder)
     _nothing_compiles_warning(builder)
     return builder.build()
@@ -62,6 +75,54 @@ def plan_spec(spec: Spec) -> Plan:
     except ModelConfigError as error:  # name the teacher, not the model
         raise SpecError(str(error), loc="teacher_model") from None
     return plan(spec, args, model, teacher)
+
+
+def _check_model_length(plan: PlanBuilder) -> None:
+    """A max_length beyond the model's position embeddings cannot run (and lists shapes the model never takes)."""
+    config = plan.model.config.get("text_config") or plan.model.config
+    positions = config.get("max_position_embeddings")
+    max_length = getattr(plan.args.config, "max_length", None)
+    if isinstance(positions, int) and isinstance(max_length, int) and max_length > positions:
+        raise SpecError(
+            f"max_length {max_length} is beyond the model's max_position_embeddings {positions}: set max_length to "
+            f"{positions} or less",
+            loc="args.max_length",
+        )
+
+
+def _config_warnings(plan: PlanBuilder) -> None:
+    """What the config says beside the trainer's fields: the launcher, deprecations, estimated data facts."""
+    for note in plan.args.notes:
+        plan.warn(note)
+    launch = plan.args.launch
+    if launch.distributed_type in ("DEEPSPEED", "FSDP"):
+        stage = f" ZeRO-{launch.zero_stage}" if launch.zero_stage else ""
+        plan.warn(
+            f"the launcher runs {launch.distributed_type}{stage} ({launch.source or 'accelerate launch flags'}): the "
+            "shapes per process are as listed, but the engine wraps and shards the model, which changes the compiled "
+            "graphs; warm-up rehearses under DDP, so it cannot warm this job (warmup warm / submit refuse it)"
+        )
+    if launch.sequence_parallel > 1:
+        plan.warn(
+            f"context / sequence parallelism of {launch.sequence_parallel} splits every sequence across processes: "
+            "the listed lengths are whole sequences, not the per-process shards the job compiles"
+        )
+    if launch.dynamo_dynamic:
+        plan.warn(
+            "the accelerate config asks Dynamo for dynamic shapes (dynamo_use_dynamic): the compiled graphs are "
+            "not the static ones warmed here; set dynamo_use_dynamic: false"
+        )
+    reward_model = plan.args.script.get("reward_model_name_or_path")
+    if reward_model:
+        plan.warn(
+            f"reward_model_name_or_path {reward_model}: the reward model scores each completion as its own tokenizer "
+            "reads the text, shapes this plan does not list (under torch_compile accelerate compiles it too)"
+        )
+    if plan.data.estimated_from is not None:
+        plan.warn(
+            f"the data facts are an estimate from {plan.data.estimated_from} examples per split (--sample): a longer "
+            "example than those read makes a shape this plan does not list; compute them on the whole dataset"
+        )
 
 
 def _target_warnings(plan: PlanBuilder) -> None:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from warmup.errors import PlanTooLargeError
+from warmup.errors import FieldProblem, PlanTooLargeError
 from warmup.model_facts import ModelFacts
 from warmup.signature import Phase, Plan, SettingValue, Signature
 from warmup.spec import DataFacts, Spec
@@ -131,6 +131,8 @@ class PlanBuilder:
     notes: list[str] = dataclasses.field(default_factory=list)
     # Keys of the signatures Dynamo traces, on either backend: what its recompile limit counts.
     dynamo_keys: set[str] = dataclasses.field(default_factory=set)
+    # Facts the plan needed and did not have (see need()).
+    missing: list[FieldProblem] = dataclasses.field(default_factory=list)
 
     @property
     def multiple(self) -> int | None:
@@ -169,6 +171,12 @@ class PlanBuilder:
     def note(self, message: str) -> None:
         if message not in self.notes:
             self.notes.append(message)
+
+    def need(self, loc: str, message: str) -> None:
+        """A fact the plan cannot do without: the shapes that depend on it are not listed, and a plan left empty
+        by it is refused with this message (an empty plan for a job that compiles would warm nothing)."""
+        if all(p.loc != loc for p in self.missing):
+            self.missing.append(FieldProblem(loc, message))
 
     def add(
         self,

@@ -138,16 +138,19 @@ def rollout_lengths(plan: PlanBuilder) -> Rollouts | None:
     # Prompts are never truncated (TRL 1.16 has no max_prompt_length): only the data bounds them.
     longest_prompt = data.max_prompt_tokens or data.max_tokens
     if longest_prompt is None:
-        plan.warn(
-            "prompt lengths are unbounded: TRL does not truncate prompts; give data.max_prompt_tokens (the "
-            "longest chat-templated prompt) so that the shapes can be listed"
+        plan.need(
+            "data.max_prompt_tokens",
+            "the longest prompt is not known, and TRL does not truncate prompts (there is no max_prompt_length "
+            "since TRL 0.29): give the data facts with --dataset PATH (the prompts are tokenized as the trainer "
+            "does), or data.max_prompt_tokens (the longest chat-templated prompt) in the side file",
         )
         return None
     max_new_tokens = _generation_kwargs(plan).get("max_new_tokens", plan.args.max_completion_length)
     if max_new_tokens is None:
-        plan.warn(
+        plan.need(
+            "args.max_completion_length",
             "max_completion_length is None: generation stops only at the model's own max_length, so completion "
-            "lengths cannot be listed; set max_completion_length"
+            "lengths cannot be listed; set max_completion_length",
         )
         return None
     shortest_prompt = min(data.min_prompt_tokens or 1, longest_prompt)

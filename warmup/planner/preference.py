@@ -365,9 +365,10 @@ def _longest_row(plan: PlanBuilder) -> int | None:
     data_longest = plan.data.longest
     if max_length is None:
         if data_longest is None:
-            plan.warn(
+            plan.need(
+                "args.max_length",
                 "sequence lengths are unbounded: max_length is None and data.max_tokens is not given; "
-                "set max_length (or data.max_tokens) so that the shapes can be listed"
+                "set max_length, or give the data facts (--dataset PATH, or data.max_tokens)",
             )
         return data_longest
     return max_length if data_longest is None else min(max_length, data_longest)

@@ -30,9 +30,10 @@ def plan_sft(plan: PlanBuilder) -> None:
     }
     longest = _longest_row(plan)
     if longest is None:
-        plan.warn(
+        plan.need(
+            "args.max_length",
             "sequence lengths are unbounded: max_length is None and data.max_tokens is not given; "
-            "set max_length (or data.max_tokens) so that the shapes can be listed"
+            "set max_length, or give the data facts (--dataset PATH, or data.max_tokens)",
         )
         return
     _shapes(

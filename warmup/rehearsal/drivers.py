@@ -39,6 +39,7 @@ from warmup.rehearsal.data import TextMaker, preference_rows, prompt_rows, rewar
 from warmup.rehearsal.units import RehearsalUnit
 from warmup.spec import Spec
 from warmup.trl_args import config_class
+from warmup.trl_config import read_trl_args
 
 TRAINER_CLASSES = {
     "sft": "SFTTrainer",
@@ -358,7 +359,22 @@ def build_config(job: RunJob) -> Any:
         overrides.update(eval_strategy="steps", eval_steps=1, eval_on_start=True)
     else:
         overrides["eval_strategy"] = "no"
-    kwargs = {**spec.args, **{name: value for name, value in overrides.items() if name in known}}
+    parsed = read_trl_args(spec, cls)  # the trainer's fields as `trl` reads them (no launcher keys, no env)
+    if parsed.problems:
+        raise RehearsalError("TRL refuses the job's config: " + "; ".join(str(p) for p in parsed.problems))
+    launch = parsed.launch
+    if launch.distributed_type in ("DEEPSPEED", "FSDP"):
+        raise RehearsalError(
+            f"the job runs under {launch.distributed_type} ({launch.source or 'accelerate launch flags'}), which wraps and "
+            "shards the model and so compiles other graphs than the DDP run a rehearsal makes: it cannot be warmed faithfully"
+        )
+    kwargs = {**parsed.trainer, **{name: value for name, value in overrides.items() if name in known}}
+    if launch.dynamo_backend and not kwargs.get("torch_compile"):
+        # The launcher's dynamo config compiles every prepared module (accelerate reads ACCELERATE_DYNAMO_* when the
+        # Trainer's plugin names no backend); torchrun has no launcher, so ask the Trainer for the same plugin.
+        kwargs["torch_compile"] = True
+        if launch.dynamo_mode:
+            kwargs["torch_compile_mode"] = launch.dynamo_mode
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:

@@ -1,0 +1,36 @@
+"""POST /v1/advice: which padding makes a job fastest on its dataset, no side effects."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.deps import ReadAccess, ServicesDep
+from api.schemas import AdviceRequest
+from warmup.advise import Advice, advise
+
+router = APIRouter(prefix="/v1", tags=["advice"])
+
+
+@router.post(
+    "/advice",
+    response_model=Advice,
+    dependencies=[ReadAccess],
+    summary="Compare padding settings of a job: compiles against padding waste, whole-job time",
+)
+def create_advice(body: AdviceRequest, services: ServicesDep) -> Advice:
+    spec = body.spec
+    lengths = body.dataset.lengths("the request's dataset") if body.dataset is not None else None
+    toolchain = body.toolchain
+    if body.pool is not None:
+        toolchain = services.pool_toolchain(body.pool, spec.target.world_size)
+    return advise(
+        spec,
+        lengths,
+        multiples=body.multiples,
+        max_truncated=body.max_truncated,
+        completion_tokens=body.completion_tokens,
+        step_seconds=body.step_seconds,
+        compile_costs=services.recorded_compile_costs(toolchain.key(), spec.target.backend)
+        if toolchain
+        else None,
+    )
