@@ -5,9 +5,10 @@ job compiles the same FX graphs, AOTAutograd entries and kernels at 2 and at 3 p
 the others alike. DDP's gradient all-reduce runs in its hooks, outside the compiled graph, so nothing
 of the world size reaches an entry. What does differ:
 
-- 1 process against more: DDP wraps the model (Dynamo splits the graph at its buckets and names
-  the parameters through the wrapper), so a job of 1 process is rehearsed with 1, any other with 2
-  or more;
+- 1 process against more: under DDP, Dynamo splits a model larger than DDP's first gradient bucket
+  into one graph per bucket (measured: 7 FX graphs against 5; a model within the bucket compiled
+  the same graphs with and without DDP), so a job of 1 process is rehearsed with 1, any other with
+  2 or more;
 - the thread count of each rank on CPU (in Inductor's key): OMP_NUM_THREADS, which torchrun sets to
   1 when it starts several processes per node; the toolchain carries it, and the rehearsal's ranks
   are given that same count;
