@@ -149,7 +149,8 @@ class ServiceClient:
         return answer.json() if answer.body else None
 
     def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.request("POST", "/v1/plans", body={"spec": spec})
+        answer: dict[str, Any] = self.request("POST", "/v1/plans", body={"spec": spec})
+        return answer
 
     def submit(
         self,
@@ -164,14 +165,17 @@ class ServiceClient:
             body["toolchain"] = toolchain
         if pool is not None:
             body["pool"] = pool
-        return self.request("POST", "/v1/warmups", body=body)
+        job: dict[str, Any] = self.request("POST", "/v1/warmups", body=body)
+        return job
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/warmups/{job_id}")
+        answer: dict[str, Any] = self.request("GET", f"/v1/warmups/{job_id}")
+        return answer
 
     def jobs(self, *, spec_key: str | None = None, toolchain_key: str | None = None) -> list[dict[str, Any]]:
         params = {k: v for k, v in (("spec_key", spec_key), ("toolchain_key", toolchain_key)) if v}
-        return self.request("GET", "/v1/warmups", params=params)
+        jobs: list[dict[str, Any]] = self.request("GET", "/v1/warmups", params=params)
+        return jobs
 
     def manifest(
         self, spec: dict[str, Any], toolchain: dict[str, Any], *, allow_partial: bool = False
@@ -184,10 +188,12 @@ class ServiceClient:
         return parse_manifest(data)
 
     def post_coverage(self, report: dict[str, Any]) -> dict[str, Any]:
-        return self.request("POST", "/v1/coverage", body=report)
+        answer: dict[str, Any] = self.request("POST", "/v1/coverage", body=report)
+        return answer
 
     def coverage(self, job_id: str) -> list[dict[str, Any]]:
-        return self.request("GET", f"/v1/warmups/{job_id}/coverage")
+        answer: list[dict[str, Any]] = self.request("GET", f"/v1/warmups/{job_id}/coverage")
+        return answer
 
 
 @dataclass(frozen=True)
@@ -538,16 +544,19 @@ def pull(
             target.backend, target.device, world_size=target.world_size, directory=dest, remember=False
         )
     toolchain = toolchain if isinstance(toolchain, Toolchain) else Toolchain.model_validate(toolchain)
-    options = {
-        "wait": wait,
-        "timeout": timeout,
-        "poll_interval": poll_interval,
-        "parallel": parallel,
-        "on_progress": on_progress,
-        "on_waiting": on_waiting,
-    }
     if source is not None:
-        result = _pull_from_store(spec, dest, toolchain, source, **options)
+        result = _pull_from_store(
+            spec,
+            dest,
+            toolchain,
+            source,
+            wait=wait,
+            timeout=timeout,
+            poll_interval=poll_interval,
+            parallel=parallel,
+            on_progress=on_progress,
+            on_waiting=on_waiting,
+        )
     elif client is None and server is None:
         raise WarmupError(
             "pull needs the service URL (--server / WARMUP_SERVER) or a bucket (--from s3://...)"
@@ -556,7 +565,19 @@ def pull(
         own_client = client is None
         client = client or ServiceClient(server or "", token=token)
         try:
-            result = _pull_from_service(spec, dest, toolchain, client, allow_partial=allow_partial, **options)
+            result = _pull_from_service(
+                spec,
+                dest,
+                toolchain,
+                client,
+                allow_partial=allow_partial,
+                wait=wait,
+                timeout=timeout,
+                poll_interval=poll_interval,
+                parallel=parallel,
+                on_progress=on_progress,
+                on_waiting=on_waiting,
+            )
         finally:
             if own_client:
                 client.close()

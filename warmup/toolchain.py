@@ -400,7 +400,8 @@ def training_threads(world_size: int) -> int:
 
     if world_size > 1 and "LOCAL_RANK" not in os.environ:
         return int(os.environ.get("OMP_NUM_THREADS") or 1)
-    return torch.get_num_threads()
+    threads: int = torch.get_num_threads()
+    return threads
 
 
 def cpu_vec_isa() -> str:
@@ -486,7 +487,7 @@ def _neuron_target() -> str:
     try:
         import torch
 
-        name = torch.neuron.get_device_properties(0).name  # type: ignore[attr-defined]
+        name = torch.neuron.get_device_properties(0).name
         found = neuron_target_from_name(name)
         if found:
             return found
