@@ -144,8 +144,8 @@ def test_the_client_waits_as_long_as_a_503_retry_after_says(monkeypatch):
     busy = answer(503, b'{"error": "database_unavailable"}', Retry_After="5")
     answers = iter([busy, busy, answer(200, b'{"status": "ok"}')])
     waits: list[float] = []
-    monkeypatch.setattr(client.time, "sleep", waits.append)
-    monkeypatch.setattr(client, "fetch_answer", lambda *_: next(answers))
+    monkeypatch.setattr(client.service.time, "sleep", waits.append)
+    monkeypatch.setattr(client.service, "fetch_answer", lambda *_: next(answers))
     service = client.ServiceClient("http://warmup")
     assert service.request("GET", "/v1/jobs") == {"status": "ok"}
     assert waits == [5.0, 10.0]  # Retry-After, then doubled backoff from there
