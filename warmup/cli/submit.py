@@ -103,7 +103,7 @@ def _follow(client: Any, job: dict[str, Any], timeout: float) -> int:
             return EXIT_TIMEOUT
         progress.show(f"{_counts_line(job)} | elapsed {format_duration(elapsed)}{_remaining(job)}")
         time.sleep(2.0)
-        job = client.job(job["id"])
+        job = _poll(client, job["id"])
     progress.done()
     print(
         f"job {job['id']} {job['state']}: {_counts_line(job)} in {format_duration(time.monotonic() - started)}",
@@ -117,6 +117,25 @@ def _follow(client: Any, job: dict[str, Any], timeout: float) -> int:
                 file=sys.stderr,
             )
     return _exit_code(job)
+
+
+def _poll(client: Any, job_id: str) -> dict[str, Any]:
+    """The job's progress; a token that may submit but not read it (a service older than submit tokens
+    reading their own jobs) is told which scope is missing, not just refused."""
+    from warmup.errors import AuthError
+
+    try:
+        job: dict[str, Any] = client.job(job_id)
+    except AuthError as error:
+        if error.status != 403:
+            raise
+        raise AuthError(
+            f"job {job_id} was submitted, but this token cannot follow it ({error}): give the token the "
+            "'read' scope as well, or submit without --wait and follow the job with a read token "
+            f"(GET /v1/warmups/{job_id})",
+            status=403,
+        ) from None
+    return job
 
 
 def _exit_code(job: dict[str, Any]) -> int:
