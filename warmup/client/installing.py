@@ -66,6 +66,8 @@ class PullResult:
     bytes_downloaded: int = 0
     seconds: float = 0.0
     failures: list[tuple[str, BaseException]] = field(default_factory=list)
+    # How `pull` found the toolchain: given, remembered, exact, predicted, computed (warmup.toolchain).
+    toolchain_source: str = ""
 
     @property
     def env(self) -> dict[str, str]:

@@ -76,13 +76,14 @@ def pull(
     WarmupFailedError / ToolchainMismatchError / ServerUnreachableError with what to do.
     """
     from warmup.spec import Spec, load_spec
-    from warmup.toolchain import Toolchain, remember_toolchain, remembered_toolchain
+    from warmup.toolchain import Toolchain, remember_toolchain, resolve_toolchain
 
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
     target = spec.target
     computed = toolchain is None
+    how = "given"
     if computed:
-        toolchain = remembered_toolchain(  # written into dest only once the pull has succeeded
+        toolchain, how = resolve_toolchain(  # written into dest only once the pull has succeeded
             target.backend, target.device, world_size=target.world_size, directory=dest, remember=False
         )
     toolchain = toolchain if isinstance(toolchain, Toolchain) else Toolchain.model_validate(toolchain)
@@ -110,6 +111,7 @@ def pull(
                 client.close()
     if computed:  # the next pull (or `warmup exec`) into this directory skips computing it
         remember_toolchain(result.dest, toolchain, world_size=target.world_size)
+    result.toolchain_source = how
     return result
 
 
