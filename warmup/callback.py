@@ -39,6 +39,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from transformers import TrainerCallback
@@ -180,9 +181,9 @@ class WarmupCallback(TrainerCallback):
     def _calling_trainer(self) -> Any:
         """The Trainer whose callback handler is running this callback, from the call stack (transformers
         calls events from Trainer methods through CallbackHandler.call_event), or None."""
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         for _ in range(12):
-            frame = frame.f_back
+            frame = frame.f_back if frame is not None else None
             if frame is None:
                 return None
             candidate = frame.f_locals.get("self")
