@@ -53,6 +53,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_pull_options(exec_)
     options_only = argparse.ArgumentParser(prog="warmup exec", add_help=False)
     add_pull_options(options_only)
+    for parser in (exec_, options_only):
+        parser.add_argument(
+            "--strict",
+            action="store_true",
+            help="fail closed: the training process stops at once, with the signature and the reason, "
+            "when it meets a graph the cache does not hold, instead of compiling it (production runs where "
+            "a surprise compile costs more than a failed start)",
+        )
     for action in exec_._actions:  # the spec options (--trainer, --side, --dataset, ...) may follow SPEC too
         if action.option_strings and action.dest in SPEC_OPTION_DESTS:
             extra = {"nargs": action.nargs, "const": action.const} if action.nargs == "?" else {}
@@ -331,6 +339,8 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     spec = load_spec_from_args(ns)
     result = _pull_or_installed(ns, spec)
     env = {**os.environ, **child_environment(spec, result, _server(ns))}
+    if ns.strict:  # read by WarmupCallback, which warmup/_sitecustomize adds to every Trainer under --strict
+        env["WARMUP_STRICT"] = "1"
     print(f"exec: {shlex.join(ns.argv)}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     try:
