@@ -293,3 +293,32 @@ def test_the_callbacks_warning_says_why(spec, exact, tmp_path, caplog):
     assert report["details"]["why"]["train 2x64"]["differs"] == {
         "dtype": {"warmed": "float32", "run": "bfloat16"}
     }
+
+
+def test_exec_makes_inductors_key_tag_from_exact_toolchain_facts_and_computes_it_for_predicted_ones(
+    spec, exact, tmp_path, monkeypatch
+):
+    """`warmup exec` sets TORCH_COMPILE_CACHE_KEY_TAG (the CPU ISA and thread count) for the training
+    process. From facts the pull holds exactly it is the tag this machine computes, without torch;
+    from predicted facts it is computed, so a wrong prediction cannot select code built for another ISA."""
+    from warmup.backends.inductor import InductorBackend
+    from warmup.cli.pod import training_process_environment
+
+    computed_tag = InductorBackend("cpu").key_tag()
+    dest = pulled_into(tmp_path / "cache", spec, exact, [])
+    manifest = read_local_manifest(dest, spec.key())
+    assert manifest is not None
+    for source in ("computed", "exact", "remembered", "predicted", ""):
+        env = training_process_environment(manifest, dest, 1, source)
+        assert env["TORCH_COMPILE_CACHE_KEY_TAG"] == computed_tag, source
+    wrong = pulled_into(tmp_path / "other", spec, exact.model_copy(update={"cpu_isa": "avx512"}), [])
+    wrong_manifest = read_local_manifest(wrong, spec.key())
+    assert wrong_manifest is not None
+    assert (
+        "isa=avx512;"
+        in training_process_environment(wrong_manifest, wrong, 1, "exact")["TORCH_COMPILE_CACHE_KEY_TAG"]
+    )
+    assert (
+        training_process_environment(wrong_manifest, wrong, 1, "predicted")["TORCH_COMPILE_CACHE_KEY_TAG"]
+        == computed_tag
+    )
