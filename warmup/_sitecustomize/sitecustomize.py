@@ -52,12 +52,17 @@ def _strict_trainers(module: ModuleType) -> None:
     init = trainer.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
         from warmup.callback import WarmupCallback
 
+        given = kwargs.get("callbacks") or ()
+        # Built before the trainer: planning the spec goes through TRL's config classes, which reset
+        # accelerate's state, so it must not run once the trainer has made its accelerator.
+        callback = None if any(isinstance(c, WarmupCallback) for c in given) else WarmupCallback(strict=True)
+        init(self, *args, **kwargs)
         handler = getattr(self, "callback_handler", None)
-        if handler is not None and not any(isinstance(c, WarmupCallback) for c in handler.callbacks):
-            self.add_callback(WarmupCallback(strict=True))  # verifies and counts from on_train_begin
+        present = handler is None or any(isinstance(c, WarmupCallback) for c in handler.callbacks)
+        if callback is not None and not present:
+            self.add_callback(callback)  # verifies and counts from on_train_begin
 
     trainer.__init__ = __init__
 
