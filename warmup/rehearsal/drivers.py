@@ -35,7 +35,16 @@ from typing import Any
 
 from warmup.backends import get_backend
 from warmup.errors import RehearsalError, WarmupError
-from warmup.rehearsal.data import TextMaker, preference_rows, prompt_rows, reward_rows, sft_rows
+from warmup.peft_args import lora_config
+from warmup.rehearsal.data import (
+    TextMaker,
+    kto_rows,
+    padding_free_rows,
+    preference_rows,
+    prompt_rows,
+    reward_rows,
+    sft_rows,
+)
 from warmup.rehearsal.units import RehearsalUnit
 from warmup.spec import Spec
 from warmup.trl_args import config_class
@@ -44,6 +53,7 @@ from warmup.trl_config import read_trl_args
 TRAINER_CLASSES = {
     "sft": "SFTTrainer",
     "dpo": "DPOTrainer",
+    "kto": "KTOTrainer",
     "reward": "RewardTrainer",
     "grpo": "GRPOTrainer",
     "rloo": "RLOOTrainer",
@@ -104,6 +114,7 @@ class Observed:
     batches: list[tuple[int, ...]] = field(default_factory=list)
     forwards: list[tuple[int, ...]] = field(default_factory=list)
     prompt_widths: list[int] = field(default_factory=list)
+    kl_batches: list[tuple[int, ...]] = field(default_factory=list)  # KTO's KL rows
 
 
 class _EvaluationDone(Exception):
@@ -146,6 +157,7 @@ def run(job: RunJob, progress: Path | None = None) -> dict[str, Any]:
                 "batches": account.batches,
                 "forwards": account.forwards,
                 "prompts": account.prompts,
+                "kl_batches": account.kl_batches,
             },
         }
     fresh = counter.fresh()
@@ -167,6 +179,7 @@ class StepAccount:
     batches: list[tuple[int, ...]]
     forwards: list[tuple[int, ...]]
     prompts: list[int]
+    kl_batches: list[tuple[int, ...]] = field(default_factory=list)
 
 
 class StepAccounts:
@@ -179,7 +192,7 @@ class StepAccounts:
     def __init__(self, job: RunJob, trainer: Any, observed: Observed, progress: Path | None) -> None:
         self.job, self.trainer, self.observed, self.progress = job, trainer, observed, progress
         self.accounts: list[StepAccount] = []
-        self._marks = (0, 0, 0)
+        self._marks = (0, 0, 0, 0)
         self._compile_start = 0.0
         self._start = time.perf_counter()
 
@@ -206,7 +219,7 @@ class StepAccounts:
         self._start = time.perf_counter()
 
     def end(self) -> None:
-        observed, (batches, forwards, prompts) = self.observed, self._marks
+        observed, (batches, forwards, prompts, kl_batches) = self.observed, self._marks
         self.accounts.append(
             StepAccount(
                 compile_seconds=dynamo_compile_seconds() - self._compile_start,
@@ -214,9 +227,15 @@ class StepAccounts:
                 batches=observed.batches[batches:],
                 forwards=observed.forwards[forwards:],
                 prompts=observed.prompt_widths[prompts:],
+                kl_batches=observed.kl_batches[kl_batches:],
             )
         )
-        self._marks = (len(observed.batches), len(observed.forwards), len(observed.prompt_widths))
+        self._marks = (
+            len(observed.batches),
+            len(observed.forwards),
+            len(observed.prompt_widths),
+            len(observed.kl_batches),
+        )
         if self.progress is not None:
             self.progress.write_text(str(len(self.accounts)))
 
@@ -351,7 +370,7 @@ def build_config(job: RunJob) -> Any:
         "max_steps": len(job.units),
     }
     # steps take their data in order: step k produces unit k
-    if spec.trainer in ("sft", "dpo", "reward"):
+    if spec.trainer in ("sft", "dpo", "kto", "reward"):
         overrides["train_sampling_strategy"] = "sequential"
     else:
         overrides["shuffle_dataset"] = False
@@ -387,8 +406,6 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
     from transformers import AutoTokenizer
 
     spec = job.spec
-    if spec.peft:
-        raise RehearsalError("rehearsal of PEFT (LoRA) jobs is not written yet")
     if job.unit.kind == "eval" and len(job.units) > 1:
         raise RehearsalError("an evaluation is rehearsed alone, one per run")
     config = build_config(job)
@@ -407,6 +424,10 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
     extra: dict[str, Any] = {}
     if spec.trainer in ("grpo", "rloo"):
         extra["reward_funcs"] = zero_reward
+    if spec.peft:
+        # The job's LoraConfig, built by TRL's own get_peft_config: the trainer wraps the model itself
+        # (get_peft_model; enable_input_require_grads under gradient checkpointing), as in the job.
+        extra["peft_config"] = lora_config(spec.peft)
     trainer = cls(
         model=spec.model,
         args=config,
@@ -453,7 +474,22 @@ def _sft_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, wo
         config.packing if unit.kind == "train" or config.eval_packing is None else config.eval_packing
     )
     if config.padding_free or (packing and config.packing_strategy in ("bfd", "bfd_split")):
-        raise RehearsalError("rehearsal of padding-free SFT (bfd packing, padding_free) is not written yet")
+        # One batch, concatenated into one row: the examples of the step are its whole dataset.
+        if unit.batch != 1:
+            raise RehearsalError(f"a padding-free SFT batch is one row, not {unit.batch}")
+        if world > 1 or config.gradient_accumulation_steps > 1:
+            raise RehearsalError(
+                "padding-free SFT is rehearsed in one process without gradient accumulation: BFD packing "
+                "reorders the rows across batches, so the data of several batches cannot be pinned"
+            )
+        data = padding_free_rows(
+            tokenizer,
+            unit.seq_len,
+            config.per_device_train_batch_size if unit.kind == "train" else config.per_device_eval_batch_size,
+            config.pad_to_multiple_of,
+            config.max_length if packing else None,
+        )
+        return data, data if unit.kind == "eval" else None
     data = []
     for _ in range(batches):
         data += sft_rows(
@@ -503,10 +539,29 @@ def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any,
     return train, prompt_rows(texts, unit.batch // copies * world, unit.prompt_len, multiple)
 
 
+def _kto_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
+    rows, batches = _batches(trainer, unit, config, world)
+    texts = TextMaker(tokenizer)
+    kl_len = unit.kl_len if config.loss_type != "apo_zero_unpaired" else None
+    data = []
+    for _ in range(batches):
+        data += kto_rows(
+            texts,
+            rows,
+            unit.seq_len,
+            kl_len,
+            config.pad_to_multiple_of,
+            config.max_length,
+            tokenizer.eos_token,
+        )
+    return data, data if unit.kind == "eval" else None
+
+
 RowsPair = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
 ROW_BUILDERS: dict[str, Callable[[str, RehearsalUnit, Any, Any, int], RowsPair]] = {
     "sft": _sft_rows,
     "dpo": _dpo_rows,
+    "kto": _kto_rows,
     "reward": _reward_rows,
 }
 
@@ -533,6 +588,8 @@ def _record_batches(trainer: Any, observed: Observed) -> None:
 
     def recording_compute_loss(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         observed.batches.append(tuple(inputs["input_ids"].shape))
+        if "KL_input_ids" in inputs:
+            observed.kl_batches.append(tuple(inputs["KL_input_ids"].shape))
         return compute_loss(model, inputs, *args, **kwargs)
 
     trainer.compute_loss = recording_compute_loss
@@ -605,3 +662,9 @@ def check_shapes(trainer: str, unit: RehearsalUnit, account: StepAccount) -> Non
         raise RehearsalError("the trainer collated no batch; nothing was rehearsed")
     if seen != {want}:
         raise RehearsalError(f"the trainer produced batch shapes {sorted(seen)}, the unit needs only {want}")
+    if trainer == "kto" and unit.kl_len is not None:
+        kl_seen, kl_want = set(account.kl_batches), (unit.batch, unit.kl_len)
+        if kl_seen != {kl_want}:
+            raise RehearsalError(
+                f"the KTO step built KL rows {sorted(kl_seen)}, the unit needs only {kl_want}"
+            )
