@@ -58,6 +58,8 @@ TRAINER_CLASSES = {
     "grpo": "GRPOTrainer",
     "rloo": "RLOOTrainer",
 }
+# Where a colocate vLLM rehearsal keeps vLLM's own cache inside the cache directory (see vllm_rehearsable).
+VLLM_CACHE_SUBDIR = "vllm"
 # Loading arguments of from_pretrained that from_config does not take; the rest configure the model.
 LOADING_ONLY_KWARGS = (
     "device_map",
@@ -394,10 +396,25 @@ def build_config(job: RunJob) -> Any:
         kwargs["torch_compile"] = True
         if launch.dynamo_mode:
             kwargs["torch_compile_mode"] = launch.dynamo_mode
+    if kwargs.get("use_vllm") and not vllm_rehearsable(kwargs.get("vllm_mode", "colocate")):
+        # The training graphs do not depend on who generated: generate through transformers instead.
+        kwargs["use_vllm"] = False
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:
         raise RehearsalError(f"TRL refused the job's config on this machine: {error}") from None
+
+
+def vllm_rehearsable(mode: str) -> bool:
+    """Whether a rehearsal can run the job's vLLM generation itself: colocate mode, vLLM installed here.
+
+    Then vLLM compiles in the rehearsal with VLLM_CACHE_ROOT inside the run's cache directory, so its
+    `torch_compile_cache` joins the entry (written against vLLM's documented cache layout; unverified, no
+    vLLM on the development machines). Server mode's cache belongs to the server's process.
+    """
+    import importlib.util
+
+    return mode == "colocate" and importlib.util.find_spec("vllm") is not None
 
 
 def build_trainer(job: RunJob) -> tuple[Any, Observed]:
@@ -409,6 +426,10 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
     if job.unit.kind == "eval" and len(job.units) > 1:
         raise RehearsalError("an evaluation is rehearsed alone, one per run")
     config = build_config(job)
+    if getattr(config, "use_vllm", False):
+        import os
+
+        os.environ["VLLM_CACHE_ROOT"] = str(job.cache_dir / VLLM_CACHE_SUBDIR)
     tokenizer = AutoTokenizer.from_pretrained(spec.model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # what TRL does when the tokenizer has none
@@ -522,8 +543,8 @@ def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any,
     for one eval batch on every process when the unit is an evaluation."""
     if unit.prompt_len is None or unit.completion_len is None:
         raise RehearsalError("a GRPO/RLOO unit needs its prompt and completion lengths")
-    if config.use_vllm or getattr(config, "use_transformers_paged", False):
-        raise RehearsalError("rehearsal of GRPO/RLOO with vLLM or paged generation is not written yet")
+    if getattr(config, "use_transformers_paged", False):
+        raise RehearsalError("rehearsal of GRPO/RLOO with paged generation is not written yet")
     texts = TextMaker(tokenizer)
     multiple = config.pad_to_multiple_of
     train = prompt_rows(
