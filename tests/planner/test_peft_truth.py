@@ -114,8 +114,9 @@ def test_sft_lora_with_gradient_checkpointing(tiny_model_dir, tmp_path):
     assert all(s.gradient_checkpointing and s.frozen for s in plan.signatures)
 
 
-def test_grpo_lora_reference_is_the_bare_policy(tmp_path_factory, tmp_path):
-    model_dir = online_runs.write_tiny_model_with_weights(tmp_path_factory.mktemp("grpo-lora"))
+@pytest.mark.parametrize("kind", ["grpo", "rloo"])
+def test_online_lora_reference_is_the_bare_policy(tmp_path_factory, tmp_path, kind):
+    model_dir = online_runs.write_tiny_model_with_weights(tmp_path_factory.mktemp(f"{kind}-lora"))
     args = {
         "per_device_train_batch_size": 2,
         "num_generations": 2,
@@ -126,9 +127,9 @@ def test_grpo_lora_reference_is_the_bare_policy(tmp_path_factory, tmp_path):
         "torch_compile": True,
     }
     run = online_runs.record(
-        "grpo", model_dir, tmp_path, args, [(5, 8), (12, 8)], torch_compile=True, peft=LORA
+        kind, model_dir, tmp_path, args, [(5, 8), (12, 8)], torch_compile=True, peft=LORA
     )
-    plan = _with_peft("grpo", model_dir, args, data={"min_prompt_tokens": 5, "max_prompt_tokens": 16})
+    plan = _with_peft(kind, model_dir, args, data={"min_prompt_tokens": 5, "max_prompt_tokens": 16})
     assert run.compiled == compiled_shapes(plan) == {("train", 2, 32, None)}
     assert ("ref", 2, 32, None) in planned_shapes(plan)
     assert (2, 32) in shapes(run.seen - run.compiled)  # the reference (adapter off) and old log-probs, eager

@@ -57,7 +57,10 @@ TRAINER_CLASSES = {
     "reward": "RewardTrainer",
     "grpo": "GRPOTrainer",
     "rloo": "RLOOTrainer",
+    "distillation": "DistillationTrainer",
 }
+# Trainers that generate in each step (prompt + completion widths, generation pinned per unit).
+ONLINE = ("grpo", "rloo", "distillation")
 # Where a colocate vLLM rehearsal keeps vLLM's own cache inside the cache directory (see vllm_rehearsable).
 VLLM_CACHE_SUBDIR = "vllm"
 # Loading arguments of from_pretrained that from_config does not take; the rest configure the model.
@@ -215,7 +218,7 @@ class StepAccounts:
     def begin(self, step: int) -> None:
         if step >= len(self.job.units):
             raise RehearsalError(f"the run went past its {len(self.job.units)} step(s)")
-        if self.job.spec.trainer in ("grpo", "rloo"):
+        if self.job.spec.trainer in ONLINE:
             _fix_generation_length(self.trainer, self.job.units[step])
         self._compile_start = dynamo_compile_seconds()
         self._start = time.perf_counter()
@@ -445,6 +448,8 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
     extra: dict[str, Any] = {}
     if spec.trainer in ("grpo", "rloo"):
         extra["reward_funcs"] = zero_reward
+    if spec.trainer == "distillation":
+        extra["teacher_model"] = spec.teacher_model  # built from its config, like the student
     if spec.peft:
         # The job's LoraConfig, built by TRL's own get_peft_config: the trainer wraps the model itself
         # (get_peft_model; enable_input_require_grads under gradient checkpointing), as in the job.
@@ -458,7 +463,7 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
         **extra,
     )
     observed = Observed()
-    if spec.trainer in ("grpo", "rloo"):
+    if spec.trainer in ONLINE:
         _fix_generation_length(trainer, job.unit)
         _record_forwards(trainer, observed)
     else:
@@ -547,12 +552,16 @@ def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any,
         raise RehearsalError("rehearsal of GRPO/RLOO with paged generation is not written yet")
     texts = TextMaker(tokenizer)
     multiple = config.pad_to_multiple_of
-    train = prompt_rows(
-        texts, config.generation_batch_size // config.num_generations, unit.prompt_len, multiple
-    )
+    if (
+        trainer == "distillation"
+    ):  # one completion per prompt; a round is B x gradient_accumulation_steps rows
+        prompts = config.per_device_train_batch_size * config.gradient_accumulation_steps * world
+    else:
+        prompts = config.generation_batch_size // config.num_generations
+    train = prompt_rows(texts, prompts, unit.prompt_len, multiple)
     if unit.kind == "train":
         return train, None
-    copies = config.num_generations_eval or config.num_generations
+    copies = 1 if trainer == "distillation" else config.num_generations_eval or config.num_generations
     if unit.batch % copies:
         raise RehearsalError(
             f"an eval batch of {unit.batch} rows is not a whole number of {copies} generations"
@@ -617,9 +626,20 @@ def _record_batches(trainer: Any, observed: Observed) -> None:
 
 
 def _record_forwards(trainer: Any, observed: Observed) -> None:
-    """GRPO/RLOO: record every log-prob forward's input shape and every generation round's prompt width."""
-    logps = trainer._get_per_token_logps_and_entropies
+    """GRPO/RLOO: record every log-prob forward's input shape and every generation round's prompt width;
+    distillation: every student / teacher backbone forward (`_get_last_hidden_state`) instead."""
     generate = trainer._generate_single_turn
+    if hasattr(trainer, "_get_last_hidden_state"):
+        hidden = trainer._get_last_hidden_state
+
+        def recording_hidden(model: Any, input_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            observed.forwards.append(tuple(input_ids.shape))
+            return hidden(model, input_ids, *args, **kwargs)
+
+        trainer._get_last_hidden_state = recording_hidden
+        logps = None
+    else:
+        logps = trainer._get_per_token_logps_and_entropies
 
     def recording_logps(
         model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, **kwargs: Any
@@ -627,6 +647,7 @@ def _record_forwards(trainer: Any, observed: Observed) -> None:
         batch_size = kwargs.get("batch_size") or input_ids.size(0)
         for start in range(0, input_ids.size(0), batch_size):
             observed.forwards.append((min(batch_size, input_ids.size(0) - start), input_ids.size(1)))
+        assert logps is not None
         return logps(model, input_ids, attention_mask, logits_to_keep, **kwargs)
 
     def recording_generate(prompt_ids: list[Any], *args: Any, **kwargs: Any) -> Any:
@@ -636,7 +657,8 @@ def _record_forwards(trainer: Any, observed: Observed) -> None:
         observed.prompt_widths.append(ceil_to(longest, trainer.pad_to_multiple_of))
         return generate(prompt_ids, *args, **kwargs)
 
-    trainer._get_per_token_logps_and_entropies = recording_logps
+    if logps is not None:
+        trainer._get_per_token_logps_and_entropies = recording_logps
     trainer._generate_single_turn = recording_generate
 
 
@@ -664,7 +686,7 @@ def evaluate_as_in_training(trainer: Any) -> None:
 def check_shapes(trainer: str, unit: RehearsalUnit, account: StepAccount) -> None:
     """Fail the run unless TRL produced exactly the unit's shapes (never publish a wrong entry)."""
     want = (unit.batch, unit.seq_len)
-    if trainer in ("grpo", "rloo"):
+    if trainer in ONLINE:
         seen = set(account.forwards)
         if not seen:
             raise RehearsalError("the GRPO/RLOO step ran no log-prob forward; nothing was rehearsed")

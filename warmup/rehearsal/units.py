@@ -26,7 +26,7 @@ from warmup.signature import Signature
 UnitKind = Literal["train", "eval"]
 
 # Trainer kinds whose rehearsal is written; the others fail with a clear message.
-SUPPORTED_TRAINERS = ("sft", "dpo", "kto", "reward", "grpo", "rloo")
+SUPPORTED_TRAINERS = ("sft", "dpo", "kto", "reward", "grpo", "rloo", "distillation")
 # Phases one training step of each family runs (forward-only passes ride along with the step).
 STEP_PHASES = {
     "sft": ("train",),
@@ -35,6 +35,7 @@ STEP_PHASES = {
     "kto": ("train", "ref"),  # the KL forward (old_logps) is placed by kto_steps
     "grpo": ("train", "ref", "old_logps", "generate_prefill", "generate_decode"),
     "rloo": ("train", "ref", "old_logps", "generate_prefill", "generate_decode"),
+    "distillation": ("train", "teacher", "generate_prefill", "generate_decode"),
 }
 GENERATION_PHASES = ("generate_prefill", "generate_decode")
 
@@ -131,7 +132,7 @@ def plan_units(
 
     for (kind, batch, seq_len, prompt_len), members in groups.items():
         fields = {}
-        if trainer in ("grpo", "rloo"):
+        if trainer in ("grpo", "rloo", "distillation"):
             fields = _split_width(seq_len, prompt_len, pad_to_multiple_of, max_completion_length)
         units.append(
             RehearsalUnit(index=0, kind=kind, batch=batch, seq_len=seq_len, signatures=members, **fields)

@@ -124,6 +124,11 @@ def config_facts(spec: Any) -> dict[str, Any]:
             "train": config.per_device_train_batch_size * config.steps_per_generation,
             "eval": config.per_device_eval_batch_size,
         }
+    elif spec.trainer == "distillation":  # a round generates for the whole accumulation
+        generation_rows = {
+            "train": config.per_device_train_batch_size * config.gradient_accumulation_steps,
+            "eval": config.per_device_eval_batch_size,
+        }
     pairs = 2 if spec.trainer in ("dpo", "reward") else 1
     return {
         "pad_to_multiple_of": config.pad_to_multiple_of,
