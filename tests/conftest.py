@@ -14,6 +14,7 @@ on PYTHONPATH.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,11 @@ pytest_plugins = ["tests.fixtures.services"]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO_ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+)
+# The toolchains a test run computes are remembered in a memo of the run's own (not the venv's image
+# memo, which would carry them into the next run): warmup.toolchain.resolve_toolchain.
+os.environ.setdefault(
+    "WARMUP_TOOLCHAIN_MEMO", str(Path(tempfile.mkdtemp(prefix="warmup-test-memo-")) / "toolchain.json")
 )
 
 

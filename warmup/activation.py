@@ -104,9 +104,12 @@ def read_manifest(cache_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise NotWarmedError(f"{path} is unreadable ({error}); warm the directory again") from None
+    if not isinstance(manifest, dict):
+        raise NotWarmedError(f"{path} is not a manifest (a JSON object); warm the directory again")
+    return manifest
 
 
 def check_manifest_toolchain(cache_dir: Path, spec: Spec) -> None:

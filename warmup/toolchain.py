@@ -24,6 +24,7 @@ level. torch is imported inside `current_toolchain` only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -289,8 +290,28 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
     return Toolchain(**facts)
 
 
-# Where a pod's cache directory remembers the toolchain computed for it (see `remembered_toolchain`).
+# Where a pod's cache directory remembers the toolchain its pull used (see `remembered_toolchain`).
 TOOLCHAIN_MEMO = ".warmup-toolchain.json"
+# The image's memo: the exact toolchains computed with this install, by the facts they depend on.
+IMAGE_MEMO_ENV = "WARMUP_TOOLCHAIN_MEMO"
+IMAGE_MEMO_FORMAT = 1
+# The fields of a toolchain fixed by the installed software; the others describe the machine.
+BUILD_FIELDS = (
+    "backend",
+    "device",
+    "python",
+    "torch",
+    "torch_key",
+    "transformers",
+    "trl",
+    "accelerate",
+    "triton",
+    "torch_neuronx",
+    "neuronx_cc",
+    "cuda",
+    "env",
+)
+ToolchainSource = Literal["remembered", "exact", "predicted", "computed"]
 
 
 def remembered_toolchain(
@@ -301,93 +322,281 @@ def remembered_toolchain(
     directory: str | os.PathLike[str] | None = None,
     remember: bool = True,
 ) -> Toolchain:
-    """`current_toolchain`, remembered in `directory` under a key of facts that cost no torch import.
+    """This machine's toolchain without the expensive work where it can be avoided (`resolve_toolchain`)."""
+    return resolve_toolchain(backend, device, world_size=world_size, directory=directory, remember=remember)[
+        0
+    ]
 
-    Computing a toolchain imports torch and probes the CPU's vector ISA with g++ (3-5 s); a pod pulls
-    before every training start. The key holds everything the toolchain is made of, read cheaply:
-    the interpreter, package versions, the size and mtime of every torch source file (what
-    `torch_key` hashes), the CPU's flags and the compile-relevant environment. Any change recomputes.
-    Neuron toolchains (instance facts from the runtime) are always computed. With `remember=False`
-    a computed toolchain is not written (a pull writes it once it has succeeded: `remember_toolchain`).
+
+def resolve_toolchain(
+    backend: str,
+    device: str,
+    *,
+    world_size: int = 1,
+    directory: str | os.PathLike[str] | None = None,
+    remember: bool = True,
+) -> tuple[Toolchain, ToolchainSource]:
+    """`current_toolchain`, from memory when what it is made of has not changed, and how it was found.
+
+    Computing a toolchain imports torch, hashes torch's sources and builds Inductor's ISA probes with
+    g++ (3-10 s); a pod pulls before every training start. In order:
+    - `remembered`: the memo in `directory` (the cache dir an earlier pull filled), when the facts it
+      was computed under are all unchanged;
+    - `exact`: the image's memo (`image_memo_path`), computed with this install on a machine like this
+      one (same CPU flags, core count, compiler, GPUs, environment);
+    - `predicted`: the image's memo knows this install but not this machine: the software facts come
+      from it and the machine's (CPU vector ISA, threads, GPU model) are read from the kernel and the
+      driver (warmup/machine.py). The training process computes the exact facts as it starts and
+      refuses a cache pulled for facts that were wrong (warmup.activation.verify_pulled_toolchain);
+    - `computed`: nothing remembered applies: computed, and remembered in the image's memo when it can
+      be written (so that `warmup toolchain --remember` in an image build makes every pod fast).
+    The facts are read without importing torch: torch's RECORD (the sha256 of every installed file),
+    package versions, the interpreter, the CPU's flags and physical cores, the compiler, the GPUs,
+    and the compile-relevant environment. Neuron toolchains (instance facts from the runtime) are
+    always computed. With `remember=False` nothing is written into `directory` (a pull writes it once
+    it has succeeded: `remember_toolchain`).
     """
-    facts = (
-        _cheap_facts(backend, device, world_size) if directory is not None and device != "neuron" else None
-    )
+    if device == "neuron":
+        return current_toolchain(backend, device, world_size=world_size), "computed"
+    build, machine = cheap_facts(backend, device, world_size)
+    facts = {"build": build, "machine": machine}
     memo = Path(directory) / TOOLCHAIN_MEMO if directory is not None else None
-    if facts is not None and memo is not None:
+    if memo is not None:
         try:
             data = json.loads(memo.read_text())
             if data.get("facts") == facts:
-                return Toolchain.model_validate(data["toolchain"])
+                return Toolchain.model_validate(data["toolchain"]), "remembered"
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    toolchain = current_toolchain(backend, device, world_size=world_size)
-    if remember and facts is not None and memo is not None and memo.parent.is_dir():  # never create a dir
+    found = image_memo_toolchain(build, machine, world_size)
+    if found is not None:
+        toolchain, source = found
+    else:
+        toolchain, source = current_toolchain(backend, device, world_size=world_size), "computed"
+        remember_in_image(toolchain, world_size=world_size)
+    if remember and memo is not None and memo.parent.is_dir():  # never create a dir
         _write_memo(memo, facts, toolchain)
-    return toolchain
+    return toolchain, source
 
 
 def remember_toolchain(
     directory: str | os.PathLike[str], toolchain: Toolchain, *, world_size: int = 1
 ) -> None:
-    """Write the memo `remembered_toolchain` reads (once a pull has created the directory)."""
+    """Write the memo `resolve_toolchain` reads in `directory` (once a pull has created it)."""
     if toolchain.device != "neuron":
-        facts = _cheap_facts(toolchain.backend, toolchain.device, world_size)
-        if facts is not None:
-            _write_memo(Path(directory) / TOOLCHAIN_MEMO, facts, toolchain)
+        build, machine = cheap_facts(toolchain.backend, toolchain.device, world_size)
+        _write_memo(Path(directory) / TOOLCHAIN_MEMO, {"build": build, "machine": machine}, toolchain)
 
 
 def _write_memo(memo: Path, facts: dict[str, Any], toolchain: Toolchain) -> None:
+    _write_json(memo, {"facts": facts, "toolchain": toolchain.model_dump(mode="json")})
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
     # A fresh temp file (mkstemp: O_EXCL, so a symlink planted at a predictable name is not followed).
-    fd, temp = tempfile.mkstemp(dir=memo.parent, prefix=f".{memo.name}.")
-    with os.fdopen(fd, "w") as out:
-        out.write(json.dumps({"facts": facts, "toolchain": toolchain.model_dump(mode="json")}))
-    os.replace(temp, memo)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as out:
+            os.fchmod(out.fileno(), 0o644)
+            out.write(json.dumps(document, sort_keys=True))
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
-def _cheap_facts(backend: str, device: str, world_size: int) -> dict[str, Any] | None:
-    """What a toolchain depends on, without importing torch; None when that cannot be read cheaply."""
+def cheap_facts(backend: str, device: str, world_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a toolchain depends on, read without importing torch: the installed software's facts (the
+    interpreter, package versions, torch's build, the compile environment) and the machine's."""
     import sys
-    from importlib.util import find_spec
 
-    torch_spec = find_spec("torch")
-    if torch_spec is None or torch_spec.origin is None:
-        return None
-    gpus = sorted(Path("/proc/driver/nvidia/gpus").glob("*/information"))
-    if device == "cuda" and not gpus:
-        return None
-    sources = hashlib.sha256()
-    for folder, dirs, files in os.walk(Path(torch_spec.origin).parent):
-        dirs.sort()
-        for name in sorted(files):
-            if name.endswith(".py"):
-                stat = os.stat(os.path.join(folder, name))
-                sources.update(f"{folder}/{name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-    packages = ("torch", "transformers", "trl", "accelerate", "triton", "pytorch-triton", "torch-neuronx")
-    return {
+    from warmup import machine
+
+    packages = (
+        "torch",
+        "transformers",
+        "trl",
+        "accelerate",
+        "triton",
+        "pytorch-triton",
+        "torch-neuronx",
+        "neuronx-cc",
+    )
+    build = {
         "backend": backend,
         "device": device,
-        "world_size": world_size,
         "python": [os.path.realpath(sys.executable), platform.python_version()],
         "packages": {name: package_version(name) for name in packages},
-        "torch_sources": sources.hexdigest(),
-        "cpu": _cpu_flags(),
-        "cpus": [os.cpu_count(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None],
+        "torch_build": machine.torch_record_sha256() or _torch_sources_stat(),
+        "env": compile_env(),
+    }
+    machine_facts = {
+        "world_size": world_size,
+        "arch": platform.machine(),
+        "cpu": [machine.cpu_model(), sorted(machine.cpu_flags())],
+        "cores": [machine.physical_cores(), os.cpu_count()],
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "threads": {
             name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LOCAL_RANK")
         },
-        "gpus": [path.read_text() for path in gpus] + [os.environ.get("CUDA_VISIBLE_DEVICES") or ""],
-        "env": compile_env(),
+        "compiler": machine.compiler_identity() if device == "cpu" else None,
+        "gpus": [machine.gpu_models(), machine.nvidia_driver(), os.environ.get("CUDA_VISIBLE_DEVICES")],
     }
+    return build, machine_facts
 
 
-def _cpu_flags() -> str:
+def _torch_sources_stat() -> str | None:
+    """The size and mtime of every torch source file (what `torch_key` hashes), for a torch that pip
+    did not install (no RECORD): slower to read (a walk of torch's tree), as exact for a pod."""
+    from warmup import machine
+
+    folder = machine.torch_package_dir()
+    if folder is None:
+        return None
+    sources = hashlib.sha256()
+    for parent, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                stat = os.stat(os.path.join(parent, name))
+                sources.update(f"{parent}/{name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return sources.hexdigest()
+
+
+def _facts_key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def image_memo_path(*, for_writing: bool = False) -> Path | None:
+    """The image's toolchain memo: WARMUP_TOOLCHAIN_MEMO, else `<prefix>/share/trl-warmup/toolchain.json`
+    of this interpreter's environment (the image: written when the image is built), else the user's
+    cache (~/.cache/trl-warmup). For reading, the first that exists; for writing, the first whose
+    folder can be written (None: nowhere)."""
+    import sys
+
+    explicit = os.environ.get(IMAGE_MEMO_ENV)
+    if explicit:
+        return Path(explicit)
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    candidates = [
+        Path(sys.prefix) / "share" / "trl-warmup" / "toolchain.json",
+        cache_home / "trl-warmup" / "toolchain.json",
+    ]
+    for candidate in candidates:
+        if not for_writing and candidate.is_file():
+            return candidate
+        if for_writing and _writable_folder(candidate.parent):
+            return candidate
+    return None
+
+
+def _writable_folder(folder: Path) -> bool:
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    return existing.is_dir() and os.access(existing, os.W_OK)
+
+
+def _read_image_memo(path: Path | None) -> dict[str, Any]:
+    empty: dict[str, Any] = {"format": IMAGE_MEMO_FORMAT, "builds": {}, "exact": {}}
+    if path is None:
+        return empty
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return empty
+    if not isinstance(data, dict) or data.get("format") != IMAGE_MEMO_FORMAT:
+        return empty
+    for part in ("builds", "exact"):
+        if not isinstance(data.get(part), dict):
+            data[part] = {}
+    return data
+
+
+def image_memo_toolchain(
+    build: dict[str, Any], machine_facts: dict[str, Any], world_size: int
+) -> tuple[Toolchain, ToolchainSource] | None:
+    """The toolchain the image's memo gives for these facts: exact for a machine it has seen, else
+    predicted from the software facts it holds and this machine's kernel and driver; None when it
+    does not know this install (or cannot predict this machine)."""
+    from warmup import machine
+
+    memo = _read_image_memo(image_memo_path())
+    build_key = _facts_key(build)
+    exact = memo["exact"].get(_facts_key(build, machine_facts))
+    if exact is not None:
+        try:
+            return Toolchain.model_validate(exact), "exact"
+        except ValueError:
+            pass
+    known = memo["builds"].get(build_key)
+    if not isinstance(known, dict):
+        return None
+    facts = dict(known.get("facts") or {})
+    device = facts.get("device")
+    if device == "cpu":
+        table = [(str(name), [str(f) for f in needed]) for name, needed in known.get("isa_table") or []]
+        facts.update(
+            device_kind="cpu",
+            cpu_isa=machine.predicted_cpu_isa(table),
+            num_threads=machine.predicted_threads(world_size),
+        )
+        if facts["cpu_isa"] is None or facts["num_threads"] is None:
+            return None
+    elif device == "cuda":
+        facts["device_kind"] = machine.predicted_gpu_name()
+        if facts["device_kind"] is None:
+            return None
+    else:
+        return None
+    try:
+        return Toolchain.model_validate(facts), "predicted"
+    except ValueError:
+        return None
+
+
+def remember_in_image(toolchain: Toolchain, *, world_size: int = 1) -> Path | None:
+    """Remember `toolchain`, computed exactly in this process, in the image's memo: its software facts
+    under the install's facts, and the whole of it under the install's and this machine's. Inductor's
+    CPU ISA candidates (each with the kernel flags it needs) go with it, so that another machine's
+    ISA can be predicted. Returns the memo's path, or None when no memo can be written here."""
+    if toolchain.device == "neuron":
+        return None
+    path = image_memo_path(for_writing=True)
+    if path is None:
+        return None
+    build, machine_facts = cheap_facts(toolchain.backend, toolchain.device, world_size)
+    document = toolchain.model_dump(mode="json")
+    entry: dict[str, Any] = {"facts": {name: document[name] for name in BUILD_FIELDS}}
+    if toolchain.device == "cpu":
+        entry["isa_table"] = isa_table()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        memo = _read_image_memo(path)
+        memo["builds"][_facts_key(build)] = entry
+        memo["exact"][_facts_key(build, machine_facts)] = document
+        _write_json(path, memo)
     except OSError:
-        return platform.processor()
-    lines = [line for line in text.splitlines() if line.startswith(("flags", "model name", "Features"))]
-    return "\n".join(sorted(set(lines)))
+        return None
+    return path
+
+
+def isa_table() -> list[tuple[str, list[str]]]:
+    """Inductor's x86 vector ISA candidates, in its order of preference, each with the kernel flags
+    (/proc/cpuinfo) its compiler flags need; empty off x86 (there the ISA is always computed)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    from torch._inductor import cpu_vec_isa as vec_isa
+
+    from warmup.machine import kernel_flags_of
+
+    table = []
+    for isa in vec_isa.supported_vec_isa_list:
+        flags = kernel_flags_of(str(getattr(isa, "_arch_flags", "")))
+        if flags:
+            table.append((str(isa), flags))
+    return table
 
 
 def training_threads(world_size: int) -> int:
@@ -400,7 +609,8 @@ def training_threads(world_size: int) -> int:
 
     if world_size > 1 and "LOCAL_RANK" not in os.environ:
         return int(os.environ.get("OMP_NUM_THREADS") or 1)
-    return torch.get_num_threads()
+    threads: int = torch.get_num_threads()
+    return threads
 
 
 def cpu_vec_isa() -> str:
@@ -486,7 +696,7 @@ def _neuron_target() -> str:
     try:
         import torch
 
-        name = torch.neuron.get_device_properties(0).name  # type: ignore[attr-defined]
+        name = torch.neuron.get_device_properties(0).name
         found = neuron_target_from_name(name)
         if found:
             return found

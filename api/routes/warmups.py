@@ -6,7 +6,7 @@ import uuid
 
 from fastapi import APIRouter, Path, Query, Response
 
-from api.deps import ReadAccess, ServicesDep, SubmitAccess
+from api.deps import JobAccess, ReadAccess, ServicesDep, SubmitAccess
 from api.schemas import DATABASE_INT_MAX, WarmupRequest
 from warmup.db.records import CoverageReportRecord, JobStatus, JobSummary, Keyed, TaskLog
 from warmup.errors import JobNotFoundError, RehearsalError, SpecError
@@ -55,7 +55,10 @@ def submit_warmup(body: WarmupRequest, services: ServicesDep, response: Response
 
 
 @router.get(
-    "/warmups/{job_id}", response_model=JobStatus, dependencies=[ReadAccess], summary="One job's progress"
+    "/warmups/{job_id}",
+    response_model=JobStatus,
+    dependencies=[JobAccess],
+    summary="One job's progress (a read or a submit token: CI follows the job it submitted)",
 )
 def get_warmup(job_id: uuid.UUID, services: ServicesDep) -> JobStatus:
     status = services.repository.job_status(job_id)

@@ -322,6 +322,15 @@ def test_auth_scopes(sqlite_url, tmp_path, model_dir):
         assert forbidden.status_code == 403 and "submit" in forbidden.json()["detail"]["message"]
         ok = api.post("/v1/warmups", json=submit, headers={"Authorization": f"Bearer {submitter}"})
         assert ok.status_code == 201
+        # The submit token follows the job it submitted (`warmup submit --wait` polls it) ...
+        job_id = ok.json()["id"]
+        as_submitter = {"Authorization": f"Bearer {submitter}"}
+        polled = api.get(f"/v1/warmups/{job_id}", headers=as_submitter)
+        assert polled.status_code == 200 and polled.json()["id"] == job_id
+        # ... but listing jobs, coverage reports and manifests stay a read token's.
+        for path in ("/v1/warmups", f"/v1/warmups/{job_id}/coverage"):
+            refused = api.get(path, headers=as_submitter)
+            assert refused.status_code == 403 and "'read'" in refused.json()["detail"]["message"]
         assert api.get("/healthz").status_code == 200  # probes need no token
     services.close()
 

@@ -156,6 +156,7 @@ def test_a_worker_registers_its_pool_per_world_size(sqlite_url, tmp_path):
     assert repository.list_workers() == []  # removed on exit
 
 
+@pytest.mark.process
 def test_an_unrehearsable_task_fails_at_once_with_the_reason(sqlite_url, tmp_path, model_dir):
     engine = make_engine(sqlite_url)
     toolchain = current_toolchain("inductor", "cpu")

@@ -235,9 +235,9 @@ class _Downloads:
 
 def _counting_blob_source() -> None:
     """Make the library's blob source count what it does, so a retried download is not invisible."""
-    import warmup.client as client
+    import warmup.client.pulling as pulling
 
-    base = client.HttpBlobSource
+    base = pulling.HttpBlobSource
 
     class CountingBlobSource(base):  # type: ignore[misc, valid-type]
         @contextlib.contextmanager
@@ -255,7 +255,7 @@ def _counting_blob_source() -> None:
                     _Downloads.reasons[reason] = _Downloads.reasons.get(reason, 0) + 1
                 raise
 
-    client.HttpBlobSource = CountingBlobSource  # type: ignore[misc]
+    pulling.HttpBlobSource = CountingBlobSource  # type: ignore[misc]  # what pull builds its source from
 
 
 def _run_pod(pod: int, config: dict[str, Any]) -> PodOutcome:

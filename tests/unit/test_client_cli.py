@@ -144,8 +144,23 @@ def test_the_client_waits_as_long_as_a_503_retry_after_says(monkeypatch):
     busy = answer(503, b'{"error": "database_unavailable"}', Retry_After="5")
     answers = iter([busy, busy, answer(200, b'{"status": "ok"}')])
     waits: list[float] = []
-    monkeypatch.setattr(client.time, "sleep", waits.append)
-    monkeypatch.setattr(client, "fetch_answer", lambda *_: next(answers))
+    monkeypatch.setattr(client.service.time, "sleep", waits.append)
+    monkeypatch.setattr(client.service, "fetch_answer", lambda *_: next(answers))
     service = client.ServiceClient("http://warmup")
     assert service.request("GET", "/v1/jobs") == {"status": "ok"}
     assert waits == [5.0, 10.0]  # Retry-After, then doubled backoff from there
+
+
+def test_submit_wait_names_the_missing_scope_when_the_service_refuses_to_show_the_job():
+    """A service older than submit tokens reading their own jobs answers the progress poll with 403:
+    `warmup submit --wait` says the job was submitted and which scope the token lacks."""
+    from warmup.cli.submit import _poll
+    from warmup.errors import AuthError
+
+    class Refusing:
+        def job(self, job_id: str) -> dict[str, object]:
+            raise AuthError("this token lacks the 'read' scope (it has: submit)", status=403)
+
+    with pytest.raises(AuthError, match=r"job j-1 was submitted.*'read' scope as well") as raised:
+        _poll(Refusing(), "j-1")
+    assert raised.value.status == 403

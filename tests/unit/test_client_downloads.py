@@ -235,7 +235,7 @@ def test_a_store_without_this_toolchains_manifest_names_the_closest_difference(t
 
 
 def test_downloads_go_through_the_proxy_the_environment_names(server, tmp_path, monkeypatch):
-    from warmup.client import _proxies
+    from warmup.client.service import proxies as _proxies
 
     monkeypatch.setenv("HTTP_PROXY", server.url)  # the test server answers as a proxy would
     monkeypatch.delenv("NO_PROXY", raising=False)
@@ -257,7 +257,7 @@ def test_https_downloads_verify_the_certificate(server, tmp_path, monkeypatch):
     import ssl
     import subprocess
 
-    from warmup.client import _tls_context
+    from warmup.client.service import tls_context as _tls_context
 
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(

@@ -233,3 +233,80 @@ def test_a_pods_toolchain_is_remembered_until_a_fact_changes(tmp_path, monkeypat
     assert remembered_toolchain("inductor", "cpu", world_size=2, directory=tmp_path).python != "remembered"
     memo.write_text("{not json")
     assert remembered_toolchain("inductor", "cpu", directory=tmp_path) == changed
+
+
+# --- the image's memo: a fresh pod's toolchain without importing torch ------------------------------
+
+AMX_TABLE = [
+    ("avx512 avx512_vnni amx_tile", ["avx512f", "avx512bw", "avx512_vnni", "amx_tile"]),
+    ("avx512 avx512_vnni", ["avx512f", "avx512bw", "avx512_vnni"]),
+    ("avx512", ["avx512f", "avx512bw"]),
+    ("avx2", ["avx2", "fma", "f16c"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "amx_tile"},
+            "avx512 avx512_vnni amx_tile",
+        ),
+        ({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni"}, "avx512 avx512_vnni"),
+        ({"avx2", "fma", "f16c", "avx512f", "avx512bw"}, "avx512"),
+        ({"avx2", "fma", "f16c"}, "avx2"),
+        ({"avx", "sse4_2"}, None),  # no candidate: computed, never guessed
+    ],
+)
+def test_the_cpu_isa_is_predicted_from_the_kernels_flags_in_inductors_order(flags, expected):
+    from warmup.machine import predicted_cpu_isa
+
+    assert predicted_cpu_isa(AMX_TABLE, frozenset(flags)) == expected
+    assert predicted_cpu_isa([], frozenset(flags)) is None
+
+
+def test_inductors_compiler_flags_become_the_kernels_names():
+    from warmup.machine import kernel_flags_of
+
+    assert kernel_flags_of("-mavx512f -mavx512vnni -mamx-tile -mfma") == [
+        "avx512f",
+        "avx512_vnni",
+        "amx_tile",
+        "fma",
+    ]
+    assert kernel_flags_of("-march=armv8-a+sve -msve-vector-bits=256") == []
+
+
+@pytest.mark.process
+def test_a_fresh_pod_finds_its_toolchain_in_the_images_memo_without_importing_torch(tmp_path, monkeypatch):
+    """`warmup toolchain --remember` once per image; then a fresh process on this machine finds the exact
+    toolchain, and one on a machine the memo has not seen (here: the machine part of the memo
+    dropped) predicts the machine facts from the kernel: the same toolchain, torch never imported."""
+    from warmup.toolchain import remember_in_image, resolve_toolchain
+
+    memo = tmp_path / "image" / "toolchain.json"
+    monkeypatch.setenv("WARMUP_TOOLCHAIN_MEMO", str(memo))
+    monkeypatch.delenv("TORCHINDUCTOR_MAX_AUTOTUNE", raising=False)
+    exact = current_toolchain("inductor", "cpu")
+    assert resolve_toolchain("inductor", "cpu") == (exact, "computed")  # and remembered in the image's memo
+    assert resolve_toolchain("inductor", "cpu") == (exact, "exact")
+    assert remember_in_image(exact) == memo  # what `warmup toolchain --remember` does
+    code = (
+        "import sys, json; from warmup.toolchain import resolve_toolchain; "
+        "toolchain, source = resolve_toolchain('inductor', 'cpu'); "
+        "print(json.dumps([source, toolchain.key(), 'torch' in sys.modules]))"
+    )
+
+    def fresh_pod() -> list[object]:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        return json.loads(done.stdout)
+
+    assert fresh_pod() == ["exact", exact.key(), False]
+    data = json.loads(memo.read_text())
+    data["exact"] = {}
+    memo.write_text(json.dumps(data))
+    assert fresh_pod() == ["predicted", exact.key(), False]
+    # Another install (here: a compile-relevant variable) is not the image's: computed, then remembered.
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")
+    assert resolve_toolchain("inductor", "cpu")[1] == "computed"
+    assert resolve_toolchain("inductor", "cpu")[1] == "exact"

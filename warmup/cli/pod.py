@@ -169,6 +169,12 @@ def _pull(ns: argparse.Namespace, spec: Any) -> Any:
         )
     progress.done()
     print(summary_line(result), file=sys.stderr)
+    if result.toolchain_source == "computed" and spec.target.device != "neuron":
+        print(
+            "note: this pod computed its toolchain (torch imported, Inductor's ISA probes built): run "
+            "`warmup toolchain --remember` once in the training image's build and every pod skips it",
+            file=sys.stderr,
+        )
     if result.manifest.missing:
         print(
             f"warning: {len(result.manifest.missing)} signature(s) are not warm yet (--allow-partial): "

@@ -16,6 +16,7 @@ from warmup.formatting import format_duration
 
 # `warmup submit` exit codes that CI can branch on.
 EXIT_READY, EXIT_INVALID, EXIT_FAILED, EXIT_TIMEOUT = 0, 2, 3, 4
+IMAGE_MEMO_ENV = "WARMUP_TOOLCHAIN_MEMO"  # warmup.toolchain.IMAGE_MEMO_ENV, without importing it for --help
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,6 +42,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     toolchain.add_argument("--backend", choices=["neuron", "inductor"], default="inductor")
     toolchain.add_argument("--device", choices=["neuron", "cuda", "cpu"], default=None)
+    toolchain.add_argument(
+        "--world-size", type=int, default=1, help="training processes of the job (threads per process)"
+    )
+    toolchain.add_argument(
+        "--remember",
+        action="store_true",
+        help="compute it exactly and remember it in the image's memo (run once in the training image's "
+        "build, e.g. a Dockerfile RUN step): then `warmup pull` on every pod skips computing it "
+        f"(where: ${IMAGE_MEMO_ENV}, else <prefix>/share/trl-warmup/toolchain.json)",
+    )
     toolchain.set_defaults(func=cmd_toolchain)
 
 
@@ -48,10 +59,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_toolchain(ns: argparse.Namespace) -> int:
-    from warmup.toolchain import current_toolchain
+    from warmup.toolchain import current_toolchain, remember_in_image
 
     device = ns.device or ("neuron" if ns.backend == "neuron" else "cpu")
-    print(json.dumps(current_toolchain(ns.backend, device).model_dump(mode="json"), indent=2))
+    toolchain = current_toolchain(ns.backend, device, world_size=ns.world_size)
+    print(json.dumps(toolchain.model_dump(mode="json"), indent=2))
+    if ns.remember:
+        where = remember_in_image(toolchain, world_size=ns.world_size)
+        if where is None:
+            raise WarmupError(
+                f"nowhere to remember the toolchain: set {IMAGE_MEMO_ENV} to a file in a writable folder"
+                + (" (Neuron toolchains are always computed)" if device == "neuron" else "")
+            )
+        print(f"remembered in {where}", file=sys.stderr)
     return 0
 
 
@@ -103,7 +123,7 @@ def _follow(client: Any, job: dict[str, Any], timeout: float) -> int:
             return EXIT_TIMEOUT
         progress.show(f"{_counts_line(job)} | elapsed {format_duration(elapsed)}{_remaining(job)}")
         time.sleep(2.0)
-        job = client.job(job["id"])
+        job = _poll(client, job["id"])
     progress.done()
     print(
         f"job {job['id']} {job['state']}: {_counts_line(job)} in {format_duration(time.monotonic() - started)}",
@@ -117,6 +137,25 @@ def _follow(client: Any, job: dict[str, Any], timeout: float) -> int:
                 file=sys.stderr,
             )
     return _exit_code(job)
+
+
+def _poll(client: Any, job_id: str) -> dict[str, Any]:
+    """The job's progress; a token that may submit but not read it (a service older than submit tokens
+    reading their own jobs) is told which scope is missing, not just refused."""
+    from warmup.errors import AuthError
+
+    try:
+        job: dict[str, Any] = client.job(job_id)
+    except AuthError as error:
+        if error.status != 403:
+            raise
+        raise AuthError(
+            f"job {job_id} was submitted, but this token cannot follow it ({error}): give the token the "
+            "'read' scope as well, or submit without --wait and follow the job with a read token "
+            f"(GET /v1/warmups/{job_id})",
+            status=403,
+        ) from None
+    return job
 
 
 def _exit_code(job: dict[str, Any]) -> int:

@@ -137,7 +137,8 @@ class PlanBuilder:
     @property
     def multiple(self) -> int | None:
         """The resolved pad_to_multiple_of (None: no padding)."""
-        return self.args.pad_to_multiple_of
+        multiple: int | None = self.args.pad_to_multiple_of
+        return multiple
 
     @property
     def world_size(self) -> int:

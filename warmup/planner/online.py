@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 from warmup.planner.common import (
     PlanBuilder,
@@ -307,5 +308,5 @@ def _warn_tools(plan: PlanBuilder) -> None:
         )
 
 
-def _generation_kwargs(plan: PlanBuilder) -> dict:
+def _generation_kwargs(plan: PlanBuilder) -> dict[str, Any]:
     return dict(getattr(plan.args, "generation_kwargs", None) or {})

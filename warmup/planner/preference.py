@@ -54,7 +54,7 @@ from warmup.planner.common import (
     partial_batch,
     smallest_batch_max,
 )
-from warmup.signature import SettingValue
+from warmup.signature import Phase, SettingValue
 
 Settings = dict[str, SettingValue]
 
@@ -244,7 +244,8 @@ def _alone_in_kl_group(plan: PlanBuilder, rows: int, full: int, num_examples: in
     """
     if rows != 1 or full == 1 or num_examples is None or (plan.args.dataset_num_proc or 1) > 1:
         return False
-    return num_examples % plan.args.per_device_train_batch_size == 1
+    batch: int = plan.args.per_device_train_batch_size
+    return num_examples % batch == 1
 
 
 # --- Reward ---------------------------------------------------------------------------------------
@@ -270,10 +271,11 @@ def plan_reward(plan: PlanBuilder) -> None:
         **_common_settings(plan),
         "center_rewards": args.center_rewards_coefficient is not None,
     }
-    for split, batch in (
+    splits: tuple[tuple[Phase, int], ...] = (
         ("train", args.per_device_train_batch_size),
         ("eval", args.per_device_eval_batch_size),
-    ):
+    )
+    for split, batch in splits:
         if split == "eval" and not evaluates(plan):
             return
         runs_on: RunsOn = "wrapped" if split == "train" else "bare"  # evaluate() calls the bare model
@@ -361,7 +363,7 @@ def _warn_vision(plan: PlanBuilder) -> None:
 
 def _longest_row(plan: PlanBuilder) -> int | None:
     """The longest row: max_length truncates (DPO, KTO) or filters (Reward) longer ones."""
-    max_length = plan.args.max_length
+    max_length: int | None = plan.args.max_length
     data_longest = plan.data.longest
     if max_length is None:
         if data_longest is None:

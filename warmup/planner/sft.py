@@ -6,6 +6,8 @@ evaluation_loop uses `self.model`), so under Inductor its signatures are listed 
 
 from __future__ import annotations
 
+from typing import Any
+
 from warmup.errors import SpecError
 from warmup.planner.common import (
     PlanBuilder,
@@ -75,9 +77,10 @@ def _longest_row(plan: PlanBuilder) -> int | None:
                 "the lengths come from data.max_tokens alone"
             )
         return data_longest
-    if args.packing:
-        return args.max_length
-    return min(args.max_length, data_longest) if data_longest is not None else args.max_length
+    max_length: int | None = args.max_length
+    if args.packing or data_longest is None or max_length is None:
+        return max_length
+    return min(max_length, data_longest)
 
 
 def _shapes(
@@ -87,7 +90,7 @@ def _shapes(
     num_examples: int | None,
     packing: bool,
     longest: int,
-    settings: dict,
+    settings: dict[str, Any],
 ) -> None:
     args = plan.args
     m = plan.multiple

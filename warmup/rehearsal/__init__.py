@@ -130,9 +130,17 @@ def rehearse(
     Setting `cancel` stops the runs (a worker shutting down): unfinished signatures come back failed,
     as they do when a run or the supervisor crashes (the note names the signal).
     """
-    options = {"timeout_s": timeout_s, "jobs": jobs, "isolation": isolation, "grouping": grouping}
     return rehearse_signatures(
-        spec, signatures, cache_root, on_progress=on_progress, plan_size=plan_size, cancel=cancel, **options
+        spec,
+        signatures,
+        cache_root,
+        timeout_s=timeout_s,
+        on_progress=on_progress,
+        jobs=jobs,
+        plan_size=plan_size,
+        isolation=isolation,
+        grouping=grouping,
+        cancel=cancel,
     ).results
 
 
@@ -157,8 +165,18 @@ def rehearse_signatures(
             for s, reason in zip(signatures, reasons, strict=True)
         ]
         return Rehearsal(signatures, [], None, [], results)
-    options = {"timeout_s": timeout_s, "jobs": jobs, "isolation": isolation, "grouping": grouping}
-    return _rehearse(spec, signatures, cache_root, on_progress, plan_size=plan_size, cancel=cancel, **options)
+    return _rehearse(
+        spec,
+        signatures,
+        cache_root,
+        on_progress,
+        timeout_s=timeout_s,
+        jobs=jobs,
+        isolation=isolation,
+        grouping=grouping,
+        plan_size=plan_size,
+        cancel=cancel,
+    )
 
 
 @dataclass
@@ -190,8 +208,18 @@ def rehearse_spec(
     so the caller never does. `on_planned` sees the plan and toolchain before anything compiles; an
     exception it raises stops the rehearsal and is raised here.
     """
-    options = {"timeout_s": timeout_s, "jobs": jobs, "isolation": None, "grouping": grouping}
-    return _rehearse(spec, None, cache_root, on_progress, skip=skip, on_planned=on_planned, **options)
+    return _rehearse(
+        spec,
+        None,
+        cache_root,
+        on_progress,
+        timeout_s=timeout_s,
+        jobs=jobs,
+        isolation=None,
+        grouping=grouping,
+        skip=skip,
+        on_planned=on_planned,
+    )
 
 
 def _rehearse(
@@ -260,7 +288,7 @@ class _Watchdog:
     """Kills the supervisor's process group once its deadline passes (the deadline can move)."""
 
     def __init__(
-        self, process: subprocess.Popen, seconds: float, cancel: threading.Event | None = None
+        self, process: subprocess.Popen[bytes], seconds: float, cancel: threading.Event | None = None
     ) -> None:
         self.process = process
         self.deadline = time.monotonic() + seconds
@@ -282,7 +310,7 @@ class _Watchdog:
         self._stop.set()
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
     """The supervisor overran every unit's time limit together: stop it and everything it started."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
@@ -329,7 +357,7 @@ class _Session:
         self.start = time.monotonic()
         self._collected: dict[Path, list[ArtifactFile]] = {}
 
-    def follow(self, process: subprocess.Popen) -> None:
+    def follow(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
         error: dict[str, Any] | None = None
         for raw in process.stdout:
@@ -490,8 +518,10 @@ class _Session:
 def _supervisor_error(event: dict[str, Any]) -> WarmupError:
     """The error the supervisor met while planning, as the same exception class where possible."""
     if event.get("type") in ("SpecError", "UnknownTrainerError", "PlanTooLargeError"):
-        cls = getattr(errors, event["type"])
-        return cls([FieldProblem(loc, msg) for loc, msg in event.get("problems") or []] or event["message"])
+        planning_error: type[WarmupError] = getattr(errors, event["type"])
+        return planning_error(
+            [FieldProblem(loc, msg) for loc, msg in event.get("problems") or []] or event["message"]
+        )
     cls = getattr(errors, str(event.get("type")), RehearsalError)
     if isinstance(cls, type) and issubclass(cls, WarmupError) and cls is not errors.ToolchainMismatchError:
         with contextlib.suppress(TypeError):
@@ -511,9 +541,10 @@ def _exit_description(code: int | None) -> str:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def _tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:

@@ -79,9 +79,9 @@ class TextMaker:
 
     def _candidates(self) -> list[str]:
         found = list(TEXT_UNITS)
-        vocab = getattr(self.tokenizer, "get_vocab", dict)()
+        vocab: dict[str, int] = getattr(self.tokenizer, "get_vocab", dict)()
         special = set(getattr(self.tokenizer, "all_special_tokens", []))
-        for token in sorted(vocab, key=vocab.get)[:200]:
+        for token in sorted(vocab, key=lambda token: vocab[token])[:200]:
             if token not in special and token.isalnum():
                 found.extend([f" {token}", f"{token} "])
         return found

@@ -291,7 +291,7 @@ def use_weights_from_config() -> None:
     trl_utils._warmup_original_create_model_from_path = original
     for name, module in list(sys.modules.items()):
         if name.startswith("trl.") and getattr(module, "create_model_from_path", None) is original:
-            module.create_model_from_path = model_from_config
+            setattr(module, "create_model_from_path", model_from_config)  # noqa: B010 (a module attribute)
 
 
 def model_from_config(model_id: str, architecture: Any = None, **kwargs: Any) -> Any:

@@ -74,9 +74,16 @@ def warm_directory(
     work = Path(work_dir).absolute() if work_dir else cache.parent / f".{cache.name}.warmup-work"
     if work.exists():
         shutil.rmtree(work)
-    options = {"timeout_s": timeout_s, "jobs": jobs, "on_progress": on_progress}
     if signatures is None:
-        rehearsal = rehearse_spec(spec, work, skip=present, on_planned=check_toolchain, **options)
+        rehearsal = rehearse_spec(
+            spec,
+            work,
+            skip=present,
+            on_planned=check_toolchain,
+            timeout_s=timeout_s,
+            jobs=jobs,
+            on_progress=on_progress,
+        )
     else:
         from warmup.toolchain import current_toolchain
 

@@ -16,7 +16,7 @@ Pure Python: the planner's signatures in, units out; nothing here imports torch.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -115,7 +115,7 @@ def plan_units(
     if trainer == "kto":
         units, compiled = kto_steps(compiled, pad_to_multiple_of, max_length)
     train_shapes = {(s.batch, s.seq_len) for s in compiled if s.phase == "train"}
-    groups: dict[tuple, list[Signature]] = {}
+    groups: dict[tuple[Any, ...], list[Signature]] = {}
     generation: list[Signature] = []
     for signature in compiled:
         if signature.phase in GENERATION_PHASES:
@@ -300,7 +300,7 @@ def _attach_generation(units: list[RehearsalUnit], signature: Signature, rows: d
             and unit.cache_len != signature.cache_len
         ):
             continue
-        update: dict = {"signatures": [*unit.signatures, signature]}
+        update: dict[str, Any] = {"signatures": [*unit.signatures, signature]}
         if signature.cache_len is not None:
             update["cache_len"] = signature.cache_len
         units[index] = unit.model_copy(update=update)

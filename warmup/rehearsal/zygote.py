@@ -64,7 +64,7 @@ class Running:
     units: list[Any]
     timeout_s: float
     pid: int | None = None  # forked child
-    process: subprocess.Popen | None = None  # torchrun or plain subprocess
+    process: subprocess.Popen[bytes] | None = None  # torchrun or plain subprocess
     started: float = field(default_factory=time.monotonic)
     last_progress: float = field(default_factory=time.monotonic)
     steps_done: int = 0
@@ -80,6 +80,8 @@ class Running:
 
     def kill(self) -> None:
         target = self.process.pid if self.process is not None else self.pid
+        if target is None:  # never started
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(target, signal.SIGKILL)
         if self.process is not None:
@@ -306,13 +308,14 @@ def _succeeded(code: int | None, paths: dict[str, Path]) -> bool:
     if code != 0:
         return False
     try:
-        return json.loads(paths["result"].read_text()).get("status") == "ok"
+        result: dict[str, Any] = json.loads(paths["result"].read_text())
+        return result.get("status") == "ok"
     except (OSError, json.JSONDecodeError):
         return False
 
 
 def launch(
-    index: int, run_job: Any, paths: dict[str, Path], processes: int, fork: bool, job: dict
+    index: int, run_job: Any, paths: dict[str, Path], processes: int, fork: bool, job: dict[str, Any]
 ) -> Running:
     running = Running(index, run_job.units, float(job["timeout_s"]))
     if fork:
@@ -323,9 +326,9 @@ def launch(
             code = 1
             try:
                 os.setsid()
-                log = os.open(paths["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(log, 1)
-                os.dup2(log, 2)
+                log_fd = os.open(paths["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(log_fd, 1)
+                os.dup2(log_fd, 2)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 from warmup.rehearsal.drivers import run_to_file
 

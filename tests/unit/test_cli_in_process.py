@@ -1,0 +1,96 @@
+"""The command line's exit codes and messages, in this process: `warmup.cli.main` against the API served
+from a thread (SQLite, a local store, no worker). The fast loop's cover for what the subprocess tests in
+tests/integration prove again end to end (test_submit_cli.py, test_pull_cli.py).
+
+Exit codes: 0 done, 2 bad input, 3 a failed signature / not warmed / refused, 4 timed out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.services import Services
+from tests.fixtures.factories import one_signature_sft
+from tests.support.live_server import serve
+from tests.support.tiny_model import write_tiny_model
+from warmup.cli import main
+from warmup.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Services]]:
+    settings = Settings(data_dir=tmp_path_factory.mktemp("service"), auth="off")
+    services = Services.start(settings)
+    with serve(services) as url:
+        yield url, services
+    services.close()
+
+
+def spec_file(directory: Path, model: Path, **overrides: object) -> Path:
+    spec = one_signature_sft(model)
+    spec.update(overrides)
+    path = directory / "job.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def last_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_misspelt_field_exits_2_with_one_line_naming_it(service, model_dir, tmp_path, capsys):
+    url, _ = service
+    spec = spec_file(tmp_path, model_dir, args={"max_lenght": 5})
+    assert main(["submit", str(spec), "--server", url]) == 2
+    assert last_error_line(capsys).startswith("error: invalid spec: args.max_lenght")
+
+
+def test_an_unknown_trainer_exits_2_and_lists_the_trainers(model_dir, tmp_path, capsys):
+    spec = spec_file(tmp_path, model_dir, trainer="orpo")
+    assert main(["plan", str(spec)]) == 2
+    error = capsys.readouterr().err
+    assert "orpo" in error and "sft" in error and "grpo" in error
+
+
+def test_no_worker_times_out_with_exit_4_then_the_same_job_is_found_again(
+    service, model_dir, tmp_path, capsys
+):
+    url, _ = service
+    spec = spec_file(tmp_path, model_dir)
+    assert main(["submit", str(spec), "--server", url, "--wait", "--timeout", "1"]) == 4
+    assert "timed out after 1s: 0/1 ready, 0 running, 1 queued, 0 failed" in capsys.readouterr().err
+    assert main(["submit", str(spec), "--server", url]) == 0
+    job_id = capsys.readouterr().out.strip()
+    assert httpx.get(f"{url}/v1/warmups/{job_id}").json()["state"] == "queued"
+
+
+def test_a_failed_signature_exits_3_and_names_it(service, model_dir, tmp_path, capsys):
+    url, services = service
+    spec = spec_file(tmp_path, model_dir, args={**one_signature_sft(model_dir)["args"], "max_length": 96})
+    assert main(["submit", str(spec), "--server", url]) == 0
+    job = httpx.get(f"{url}/v1/warmups/{capsys.readouterr().out.strip()}").json()
+    task = services.queue.claim("test-worker", job["toolchain_key"], lease_s=60)
+    assert task is not None
+    services.queue.fail(task.id, "test-worker", "RuntimeError: the compiler crashed", retry=False)
+    assert main(["submit", str(spec), "--server", url, "--wait", "--timeout", "30"]) == 3
+    error = capsys.readouterr().err
+    assert "failed" in error and "the compiler crashed" in error
+
+
+def test_pull_of_a_job_nobody_warmed_exits_3_and_says_what_to_do(service, model_dir, tmp_path, capsys):
+    url, _ = service
+    spec = spec_file(tmp_path, model_dir, args={**one_signature_sft(model_dir)["args"], "max_length": 160})
+    dest = tmp_path / "cache"
+    assert main(["pull", str(spec), "--server", url, "--dest", str(dest)]) == 3
+    assert "warmup submit" in capsys.readouterr().err
+    assert not dest.exists() or not any(dest.iterdir())  # nothing installed
