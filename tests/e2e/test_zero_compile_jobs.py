@@ -148,6 +148,8 @@ def test_distillation_compiles_nothing_under_inductor(tiny_model_dir, user_weigh
     )
     assert all(not e["files"] for e in manifest["entries"].values())
     assert report["counters"].get("stats", {}).get("unique_graphs", 0) == 0
+    # the student's and the teacher's backbones ran on the planned width (prompts pad to 16, completions to 16)
+    assert {tuple(shape)[:2] for shape in report["shapes"]} == {(2, 32)}
 
 
 def test_padding_free_sft_with_bfd_packing(tiny_model_dir, user_weights_dir, tmp_path):

@@ -215,6 +215,14 @@ def main(argv: list[str] | None = None) -> int:
             return forward(model, input_ids, *a, **k)
 
         trainer._get_per_token_logps_and_entropies = recording
+    elif spec.trainer == "distillation":  # its collator hands prompts on; the backbones see the batches
+        hidden = trainer._get_last_hidden_state
+
+        def recording_hidden(model: Any, input_ids: Any, *a: Any, **k: Any) -> Any:
+            shapes.append((*input_ids.shape, int(model is not trainer.model)))
+            return hidden(model, input_ids, *a, **k)
+
+        trainer._get_last_hidden_state = recording_hidden
     else:
         collator = trainer.data_collator
 

@@ -52,9 +52,12 @@ def test_preference_lora_compiles_the_policy_only(tiny_model_dir, tmp_path, kind
         kind, tiny_model_dir, tmp_path, args, examples, torch_compile=True, peft=LORA
     )
     plan_with_lora = _with_peft(kind, tiny_model_dir, args)
-    assert run.compiled == compiled_shapes(plan_with_lora) == compiled
+    # KTO's plan also lists shorter KL rows these two examples cannot make: the run's are a subset
+    assert run.compiled == compiled and compiled <= compiled_shapes(plan_with_lora)
+    assert {phase for phase, *_ in compiled_shapes(plan_with_lora)} == {phase for phase, *_ in compiled}
     assert shapes(run.seen) <= shapes(planned_shapes(plan_with_lora))
-    assert run.seen - run.compiled, "the reference (adapter disabled) ran no forward"
+    # one step: the policy's forwards (DPO: 1; KTO: main and KL) and as many reference forwards, adapter off
+    assert run.calls == {"dpo": 2, "kto": 4}[kind]
     assert {s.phase for s in plan_with_lora.signatures if s.compile == "eager"} == {"ref"}
 
 
