@@ -172,9 +172,8 @@ def _wrapped_packing(
             f"can have (1 to {batch - 1} rows) is listed; give data.num_{split}_examples (packed rows: warmup "
             "facts counts them) to list only the one it has, or set dataloader_drop_last: true"
         )
-    histogram = (
-        plan.data.length_histogram if phase == "train" else None
-    )  # the facts' histogram is the train split's
+    # the facts' histogram describes the train split
+    histogram = plan.data.length_histogram if phase == "train" else None
     short = sorted(n for n, count in (histogram or {}).items() for _ in range(count) if n < max_length)
     for rows in sizes:
         plan.add(phase, rows, full, settings=settings, runs_on=runs_on)

@@ -552,9 +552,8 @@ def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any,
         raise RehearsalError("rehearsal of GRPO/RLOO with paged generation is not written yet")
     texts = TextMaker(tokenizer)
     multiple = config.pad_to_multiple_of
-    if (
-        trainer == "distillation"
-    ):  # one completion per prompt; a round is B x gradient_accumulation_steps rows
+    if trainer == "distillation":
+        # one completion per prompt; a round is B x gradient_accumulation_steps rows on every process
         prompts = config.per_device_train_batch_size * config.gradient_accumulation_steps * world
     else:
         prompts = config.generation_batch_size // config.num_generations
