@@ -44,6 +44,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.services)
         if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+    # Costliest modules first (compile, then process / load), each module's tests kept together and in order:
+    # in parallel runs the long proofs start at once and the cheap tests fill the workers around them.
+    rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        cost = 0 if item.get_closest_marker("compile") else 1 if item.get_closest_marker("slow") else 2
+        rank[module] = min(rank.get(module, 2), cost)
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+
+
+def _worker_group(item: pytest.Item) -> str:
+    """Which tests share a worker under `-n N --dist loadgroup` (the README's test command): a test that uses
+    a module- or class-scoped fixture runs in its module's worker, so the fixture is built once; any other
+    test (each end-to-end proof warms its own job) may run in any worker. Session fixtures are per worker."""
+    info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the test's fixture definitions
+    definitions = info.name2fixturedefs.values() if info is not None else ()
+    shared = any(d.scope in ("module", "class", "package") for defs in definitions for d in defs)
+    return item.nodeid.split("::")[0] if shared else item.nodeid
 
 
 @pytest.fixture(scope="session")
