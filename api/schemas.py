@@ -142,7 +142,11 @@ class AdviceRequest(_Body):
         None, le=1 << 20, description="GRPO / RLOO: the assumed length of every completion."
     )
     step_seconds: PositiveFloat | None = Field(
-        None, description="Measured seconds of one optimizer step of the job as configured."
+        None,
+        description=(
+            "Measured seconds of one optimizer step of the job as configured. Default: the mean steady-state "
+            "step the job's training runs reported for this toolchain (WarmupCallback), else the seed figures."
+        ),
     )
 
     @model_validator(mode="after")

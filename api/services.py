@@ -173,6 +173,18 @@ class Services:
 
         return costs
 
+    def recorded_step_seconds(self, spec: Spec, toolchain_key: str) -> tuple[float | None, str]:
+        """The mean steady-state optimizer step of the job of (spec, toolchain), as its training runs reported
+        it (WarmupCallback), and a note saying so; (None, "") when no run has reported one."""
+        # Any job of the same configuration counts: the data facts change the plan, not the step.
+        configured = {**spec.model_dump(mode="json"), "data": None}
+        steps, seconds = self.repository.step_timings(
+            toolchain_key, lambda document: {**document, "data": None} == configured
+        )
+        if not steps:
+            return None, ""
+        return seconds / steps, f"measured: the mean of {steps} step(s) reported by this job's training runs"
+
     def advice_for_job(self, spec: Spec, toolchain_key: str) -> Advice | None:
         """The status page's advice for a job: from its spec's length histogram (SFT) and the compile seconds
         recorded under its toolchain; None when the spec cannot be advised (no histogram, another trainer)."""
@@ -181,8 +193,13 @@ class Services:
             if spec.trainer != "sft" or not spec.data.length_histogram:
                 return (None,)
             costs = self.recorded_compile_costs(toolchain_key, spec.target.backend)
+            step_seconds, measured_by = self.recorded_step_seconds(spec, toolchain_key)
             try:
-                return (advise(spec, compile_costs=costs),)
+                return (
+                    advise(
+                        spec, compile_costs=costs, step_seconds=step_seconds, step_seconds_from=measured_by
+                    ),
+                )
             except WarmupError:
                 return (None,)  # e.g. packing, or a model config no longer readable: the page shows none
 

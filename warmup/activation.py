@@ -75,6 +75,10 @@ def activate(
     size = plan_size if plan_size is not None else planned_size(spec)
     counter = backend.counter(cache)
     env = backend.configure_process(cache, size)
+    if spec.args.get("use_vllm") and spec.args.get("vllm_mode", "colocate") == "colocate":
+        # vLLM's own compile cache, where a colocate rehearsal put it (unverified: see docs/compile-caches.md)
+        env = {**env, "VLLM_CACHE_ROOT": str(cache / "vllm")}
+        os.environ["VLLM_CACHE_ROOT"] = env["VLLM_CACHE_ROOT"]
     return Activation(
         backend=backend,
         cache_dir=cache,

@@ -27,6 +27,8 @@ How it observes the run:
   raises: a server that is down is logged and training goes on. The report is also written to
   `<output_dir>/warmup-coverage.json`. Under torchrun, rank 0 always reports, other ranks only when
   they compiled something.
+- Step time: the wall time of each optimizer step that met no new shape (so compiled nothing) is summed
+  into the report (`details.timed_steps`); the service calibrates the job's padding advice with it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -97,6 +100,12 @@ class WarmupCallback(TrainerCallback):
         self._warned: set[Shape] = set()
         self._fresh_total = 0
         self._step = 0
+        # Steady-state step time (steps that met no new shape, so compiled nothing): the service
+        # calibrates `warmup advise`'s step cost from it.
+        self._step_started: float | None = None
+        self._shapes_at_step_start = 0
+        self._timed_steps = 0
+        self._timed_seconds = 0.0
         self._counter: Any = None
         self._hooks: list[Any] = []
         self._watching_ref = False
@@ -159,8 +168,16 @@ class WarmupCallback(TrainerCallback):
             self._watch_models(model)
         atexit.register(self._report_at_exit)
 
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._step_started = time.perf_counter()
+        self._shapes_at_step_start = len(self._met)
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._step = int(getattr(state, "global_step", self._step + 1))
+        if self._step_started is not None and len(self._met) == self._shapes_at_step_start:
+            self._timed_steps += 1
+            self._timed_seconds += time.perf_counter() - self._step_started
+        self._step_started = None
         self._settle(every_step=True)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -432,6 +449,8 @@ class WarmupCallback(TrainerCallback):
             details["fresh"] = {name: count for name, count in fresh.counts.items() if count}
             details["new_files"] = len(fresh.new_files)
             details["new_files_first"] = list(fresh.new_files[:MAX_LISTED_FILES])
+        if self._timed_steps:
+            details["timed_steps"] = {"count": self._timed_steps, "seconds": round(self._timed_seconds, 6)}
         if self._why:
             details["why"] = {
                 _label(shape): diagnosis.as_json() for shape, diagnosis in sorted(self._why.items())

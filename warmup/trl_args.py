@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from warmup.errors import FieldProblem, MissingDependencyError, SpecError
+from warmup.peft_args import peft_problems
 from warmup.spec import Spec
 from warmup.trl_config import Launch
 
@@ -156,6 +157,7 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         for name, value in given.items()
         if (hint := value_problem(name, value)) is not None
     ]
+    problems += peft_problems(spec.peft)
     if problems:
         raise SpecError(problems)
 

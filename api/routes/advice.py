@@ -23,13 +23,17 @@ def create_advice(body: AdviceRequest, services: ServicesDep) -> Advice:
     toolchain = body.toolchain
     if body.pool is not None:
         toolchain = services.pool_toolchain(body.pool, spec.target.world_size)
+    step_seconds, measured_by = body.step_seconds, ""
+    if step_seconds is None and toolchain is not None:  # the job's own training runs, where they reported
+        step_seconds, measured_by = services.recorded_step_seconds(spec, toolchain.key())
     return advise(
         spec,
         lengths,
         multiples=body.multiples,
         max_truncated=body.max_truncated,
         completion_tokens=body.completion_tokens,
-        step_seconds=body.step_seconds,
+        step_seconds=step_seconds,
+        step_seconds_from=measured_by,
         compile_costs=services.recorded_compile_costs(toolchain.key(), spec.target.backend)
         if toolchain
         else None,

@@ -102,6 +102,39 @@ def test_recorded_compile_seconds_under_the_toolchain(api, services, tiny_model_
     assert seeded["current"]["compile_seconds"] != recorded["current"]["compile_seconds"]
 
 
+def test_step_time_from_the_jobs_training_runs(api, tiny_model_dir):
+    """Training runs of the job report their steady-state step time (WarmupCallback's timed_steps); advice for
+    the same configuration under that toolchain is calibrated with their mean, whatever data facts the job
+    was submitted with. A run of another configuration does not count."""
+    spec = spec_body(tiny_model_dir)
+    dataset = {"train": {"completion": LENGTHS}}
+    toolchain = cpu_toolchain().model_dump()
+    with_facts = load_spec(spec).model_dump(mode="json")
+    with_facts["data"] = {"num_train_examples": len(LENGTHS), "max_tokens": max(LENGTHS)}
+    other = load_spec(spec_body(tiny_model_dir, max_length=128)).model_dump(mode="json")
+    for document, timed in ((with_facts, (8, 4.0)), (with_facts, (12, 8.0)), (other, (10, 100.0))):
+        report = {
+            "spec": document,
+            "toolchain": toolchain,
+            "details": {"timed_steps": {"count": timed[0], "seconds": timed[1]}},
+        }
+        assert api.post("/v1/coverage", json=report).status_code == 200
+
+    advice = api.post("/v1/advice", json={"spec": spec, "dataset": dataset, "toolchain": toolchain}).json()
+    assert advice["step_costs"] == (
+        "calibrated: 0.6 s per optimizer step of the job as configured "
+        "(measured: the mean of 20 step(s) reported by this job's training runs)"
+    )
+    library = advise(
+        load_spec(spec),
+        DatasetLengths(train=SplitLengths.of(completion=LENGTHS), source="the request's dataset"),
+        step_seconds=0.6,
+    )
+    assert advice["current"]["projected_seconds"] == pytest.approx(library.current.projected_seconds)
+    seeded = api.post("/v1/advice", json={"spec": spec, "dataset": dataset}).json()  # no toolchain: seed
+    assert seeded["step_costs"].startswith("seed:")
+
+
 def test_bad_input_names_the_field(api, tiny_model_dir):
     dpo = spec_body(tiny_model_dir) | {"trainer": "dpo"}
     answer = api.post("/v1/advice", json={"spec": dpo, "dataset": {"train": {"completion": LENGTHS}}})

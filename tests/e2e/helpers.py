@@ -16,7 +16,10 @@ from warmup.signature import Signature
 TRAIN_JOB = Path(__file__).with_name("train_job.py")
 
 
-def write_spec(path: Path, trainer: str, model: Path, args: dict[str, Any], data: dict[str, Any]) -> Path:
+def write_spec(
+    path: Path, trainer: str, model: Path, args: dict[str, Any], data: dict[str, Any], **extra: Any
+) -> Path:
+    """A spec file for an Inductor job on this CPU; `extra` adds top-level fields (peft, teacher_model)."""
     spec = {
         "trainer": trainer,
         "model": str(model),
@@ -29,6 +32,7 @@ def write_spec(path: Path, trainer: str, model: Path, args: dict[str, Any], data
         },
         "data": data,
         "target": {"backend": "inductor", "device": "cpu"},
+        **{key: str(value) if isinstance(value, Path) else value for key, value in extra.items()},
     }
     path.write_text(yaml.safe_dump(spec))
     return path

@@ -69,6 +69,22 @@ def preferences(rng: random.Random, ranges: list[tuple[int, int]], rows: int) ->
     return data
 
 
+def unpaired(rng: random.Random, ranges: list[tuple[int, int]], rows: int) -> list[dict[str, Any]]:
+    """KTO examples: rows of prompt + completion + EOS, desirable and not in turn."""
+    data = []
+    for index, (low, high) in enumerate(r for r in ranges for _ in range(rows)):
+        prompt = rng.randint(2, low - 3)
+        completion = rng.randint(low, high) - prompt - 1
+        data.append(
+            {
+                "prompt": words(prompt, offset=rng.randint(0, 299)),
+                "completion": " " + words(completion, offset=rng.randint(0, 299)),
+                "label": index % 2 == 0,
+            }
+        )
+    return data
+
+
 def length_reward(completions: list[Any], **_: Any) -> list[float]:
     return [float(len(str(c))) for c in completions]
 
@@ -104,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-size", type=int, help="for trainers whose planner is not written yet")
     parser.add_argument("--min-tokens", type=int, required=True)
     parser.add_argument("--max-tokens", type=int, required=True)
+    parser.add_argument("--examples", type=int, help="SFT: this many examples, lengths min..max tokens")
+    parser.add_argument(
+        "--teacher-weights", help="distillation: the teacher's checkpoint (default: --weights)"
+    )
     parser.add_argument(
         "--split", required=True, help="bucket bounds: longest row (or prompt) per bucket, a,b,..."
     )
@@ -126,14 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     config_cls = {
         "sft": trl.SFTConfig,
         "dpo": trl.DPOConfig,
+        "kto": trl.KTOConfig,
         "grpo": trl.GRPOConfig,
         "reward": trl.RewardConfig,
+        "distillation": trl.DistillationConfig,
     }
     trainer_cls = {
         "sft": trl.SFTTrainer,
         "dpo": trl.DPOTrainer,
+        "kto": trl.KTOTrainer,
         "grpo": trl.GRPOTrainer,
         "reward": trl.RewardTrainer,
+        "distillation": trl.DistillationTrainer,
     }
     batch = spec.args.get("per_device_train_batch_size", 8)
     args = config_cls[spec.trainer](
@@ -145,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         logging_steps=1,
         disable_tqdm=True,
         # batches in data order (short, long, short, ...): every planned bucket is met; changes no graph
-        **({"train_sampling_strategy": "sequential"} if spec.trainer != "grpo" else {}),
+        **(
+            {"train_sampling_strategy": "sequential"}
+            if spec.trainer in ("sft", "dpo", "kto", "reward")
+            else {}
+        ),
     )
     shapes: list[tuple[int, ...]] = []
     extra: dict[str, Any] = {}
@@ -153,8 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     splits = [int(x) for x in str(ns.split).split(",")]
     ranges = [r for r in length_ranges(ns.min_tokens, splits, ns.max_tokens, ns.steps) for _ in range(world)]
-    if spec.trainer == "sft":
+    if spec.trainer == "sft" and ns.examples:
+        # a dataset of this many examples (packed jobs: the packed row count follows from their lengths)
+        data = texts_for_sft(rng, [(ns.min_tokens, ns.max_tokens)], ns.examples)
+    elif spec.trainer == "sft":
         data = texts_for_sft(rng, ranges, batch)
+    elif spec.trainer == "kto":
+        data = unpaired(rng, ranges, batch)
+    elif spec.trainer == "distillation":
+        data = prompts(rng, ranges, batch * args.gradient_accumulation_steps)
+        extra["teacher_model"] = ns.teacher_weights or ns.weights
     elif spec.trainer == "dpo":
         data = preferences(rng, ranges, batch)
     elif spec.trainer == "grpo":
@@ -162,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         extra["reward_funcs"] = length_reward
     else:
         raise SystemExit(f"no job for {spec.trainer}")
+    if spec.peft:
+        from warmup.peft_args import lora_config
+
+        extra["peft_config"] = lora_config(spec.peft)  # the job's LoraConfig, as TRL's scripts build it
     clock = make_step_clock()
     trainer = trainer_cls[spec.trainer](
         model=ns.weights, args=args, train_dataset=Dataset.from_list(data), callbacks=[clock], **extra
@@ -175,12 +215,22 @@ def main(argv: list[str] | None = None) -> int:
             return forward(model, input_ids, *a, **k)
 
         trainer._get_per_token_logps_and_entropies = recording
+    elif spec.trainer == "distillation":  # its collator hands prompts on; the backbones see the batches
+        hidden = trainer._get_last_hidden_state
+
+        def recording_hidden(model: Any, input_ids: Any, *a: Any, **k: Any) -> Any:
+            shapes.append((*input_ids.shape, int(model is not trainer.model)))
+            return hidden(model, input_ids, *a, **k)
+
+        trainer._get_last_hidden_state = recording_hidden
     else:
         collator = trainer.data_collator
 
         def recording_collator(examples: list[Any]) -> Any:
             out = collator(examples)
             shapes.append(tuple(out["input_ids"].shape))
+            if "KL_input_ids" in out:  # KTO's KL rows
+                shapes.append(("KL", *out["KL_input_ids"].shape))
             return out
 
         trainer.data_collator = recording_collator

@@ -163,6 +163,37 @@ def test_submit_is_idempotent_and_manifest_follows_the_work(api, services, model
     assert [j["id"] for j in api.get("/v1/warmups").json()] == [job["id"]]
 
 
+def test_jobs_that_were_refused_are_submitted_and_a_bad_peft_block_is_422(api, model_dir):
+    """LoRA, KTO and vLLM jobs were refused with "not written yet": each is a job now. A peft key TRL's
+    ModelConfig does not have is a 422 naming it."""
+    tc = cpu_toolchain()
+    lora_kto = {
+        **spec_body(model_dir),
+        "trainer": "kto",
+        "peft": {"lora_r": 8, "lora_target_modules": ["q_proj"]},
+    }
+    vllm = {
+        **spec_body(model_dir),
+        "trainer": "grpo",
+        "args": {
+            "per_device_train_batch_size": 2,
+            "num_generations": 2,
+            "max_completion_length": 8,
+            "use_vllm": True,
+            "torch_compile": True,
+            "bf16": False,
+        },
+        "data": {"max_prompt_tokens": 14},
+    }
+    for spec in (lora_kto, vllm):
+        answer = api.post("/v1/warmups", json={"spec": spec, "toolchain": tc.model_dump()})
+        assert answer.status_code == 201, answer.json()
+        assert answer.json()["counts"]["queued"] >= 1
+    bad = api.post("/v1/plans", json={"spec": {**spec_body(model_dir), "peft": {"lora_rank": 8}}})
+    assert bad.status_code == 422
+    assert bad.json()["detail"]["problems"][0]["loc"] == "peft.lora_rank"
+
+
 def test_manifest_is_refused_until_every_blob_is_in_the_store(api, services, model_dir, tmp_path):
     spec, tc = spec_body(model_dir, max_tokens=100, max_length=128), cpu_toolchain()
     job = api.post("/v1/warmups", json={"spec": spec, "toolchain": tc.model_dump()}).json()

@@ -160,18 +160,25 @@ def test_a_worker_registers_its_pool_per_world_size(sqlite_url, tmp_path):
 def test_an_unrehearsable_task_fails_at_once_with_the_reason(sqlite_url, tmp_path, model_dir):
     engine = make_engine(sqlite_url)
     toolchain = current_toolchain("inductor", "cpu")
-    kto = load_spec(
+    # A GRPO training width no generation round can produce (24 is no 16-padded prompt + completion of <= 8):
+    # the rehearsal refuses the signature before any work.
+    grpo = load_spec(
         {
-            "trainer": "kto",
+            "trainer": "grpo",
             "model": str(model_dir),
-            "args": {"torch_compile": True, "bf16": False},
+            "args": {
+                "torch_compile": True,
+                "bf16": False,
+                "max_completion_length": 8,
+                "pad_to_multiple_of": 16,
+            },
             "target": {"backend": "inductor", "device": "cpu"},
         }
     )
     signature = Signature(
-        phase="train", batch=8, seq_len=64, trainer="kto", model="cafe", dtype="float32", compile="inductor"
+        phase="train", batch=8, seq_len=24, trainer="grpo", model="cafe", dtype="float32", compile="inductor"
     )
-    TaskQueue(engine).submit_job(Keyed.of(kto), Keyed.of(toolchain), [Keyed.of(signature)])
+    TaskQueue(engine).submit_job(Keyed.of(grpo), Keyed.of(toolchain), [Keyed.of(signature)])
     done = subprocess.run(
         worker_command(sqlite_url, str(tmp_path / "blobs"), "--max-attempts", "3"),
         capture_output=True,
@@ -182,7 +189,7 @@ def test_an_unrehearsable_task_fails_at_once_with_the_reason(sqlite_url, tmp_pat
     with engine.connect() as connection:
         task = connection.execute(select(m.Task.state, m.Task.attempts, m.Task.error)).one()
     assert task.state == m.TaskState.failed and task.attempts == 1  # permanent: not retried
-    assert "not written yet" in task.error
+    assert "cannot be split" in task.error
     engine.dispose()
 
 

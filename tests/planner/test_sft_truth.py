@@ -191,3 +191,45 @@ def test_under_torch_compile_training_compiles_and_eval_is_listed_eager(tiny_mod
     )
     assert run.compiled == compiled_shapes(plan) == {("train", 2, 32, None)}
     assert run.graphs > 0  # Dynamo's graph count works (the distillation test relies on it reading 0)
+
+
+def test_wrapped_packing_ends_on_a_partial_packed_batch_the_plan_lists(tiny_model_dir, tmp_path):
+    """Five examples of 29 tokens pack into 145 / 32 = 5 rows (the last a remainder of 17): batches of 2, 2, 1.
+
+    Without the packed row count the plan lists every last batch the packed dataset can have; with the facts
+    `warmup facts` writes for a packed job (packed rows and their lengths) it lists exactly what TRL produced.
+    """
+    args = {
+        "per_device_train_batch_size": 2,
+        "max_length": 32,
+        "pad_to_multiple_of": 16,
+        "packing": True,
+        "packing_strategy": "wrapped",
+        "train_sampling_strategy": "sequential",
+    }
+    seen = run_sft(tiny_model_dir, tmp_path, args, [29] * 5)
+    assert seen == {
+        ("train", 2, 32, None),
+        ("train", 1, 32, None),
+    }  # the last batch: the remainder row, 17 -> 32
+    unknown = sft_plan(tiny_model_dir, args, {"min_tokens": 29, "max_tokens": 29})
+    assert (
+        seen <= unknown and ("train", 1, 16, None) in unknown
+    )  # a remainder of 1..16 tokens would be 16 wide
+    packed_facts = {"num_train_examples": 5, "length_histogram": {32: 4, 17: 1}}
+    assert sft_plan(tiny_model_dir, args, packed_facts) == seen
+
+
+def test_padding_free_without_packing_is_covered(tiny_model_dir, tmp_path):
+    args = {
+        "per_device_train_batch_size": 2,
+        "max_length": None,
+        "padding_free": True,
+        "pad_to_multiple_of": 16,
+    }
+    rng = random.Random(3)
+    lengths = [rng.randint(5, 30) for _ in range(7)]
+    seen = run_sft(tiny_model_dir, tmp_path, args, lengths)
+    planned = sft_plan(tiny_model_dir, args, {"num_train_examples": 7, "min_tokens": 5, "max_tokens": 30})
+    assert {batch for _, batch, _, _ in seen} == {1}
+    assert seen <= planned, f"shapes TRL produced that the plan missed: {sorted(seen - planned)}"

@@ -64,6 +64,7 @@ def record(
     *,
     teacher_dir: Path | None = None,
     torch_compile: bool = False,
+    peft: dict[str, Any] | None = None,
 ) -> ShapeRecorder:
     """Train (and evaluate, as args say) with TRL's real trainer, recording every forward.
 
@@ -103,6 +104,7 @@ def record(
             dataset(train, 0),
             dataset(evals, EVAL_FIRST_WORD) if evals else None,
             tokenizer,
+            peft,
         )
         if kind == "distillation":
             # The student and the teacher run their backbones only (`_get_last_hidden_state`), and their top-level
@@ -127,10 +129,14 @@ def _traced(model):
     return getattr(model, "_orig_mod", model)
 
 
-def _build(kind, model_dir, teacher_dir, config_args, train_dataset, eval_dataset, tokenizer):
+def _build(kind, model_dir, teacher_dir, config_args, train_dataset, eval_dataset, tokenizer, peft=None):
     import trl
 
+    from warmup.peft_args import lora_config
+
     common = {"train_dataset": train_dataset, "eval_dataset": eval_dataset, "processing_class": tokenizer}
+    if peft is not None:
+        common["peft_config"] = lora_config(peft)
     if kind == "grpo":
         config = trl.GRPOConfig(**config_args)
         return trl.GRPOTrainer(model=init_model(model_dir), reward_funcs=zero_reward, args=config, **common)

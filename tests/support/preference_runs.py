@@ -57,6 +57,7 @@ def record(
     evals: list[dict] | None = None,
     *,
     torch_compile: bool = False,
+    peft: dict | None = None,
 ) -> ShapeRecorder:
     """Train (and evaluate, as args say) with TRL's real trainer, recording every model forward.
 
@@ -78,7 +79,11 @@ def record(
     config = config_class(output_dir=str(tmp_path / "out"), **{**CPU_ARGS, **args, **compile_args})
     policy = init_model(model_dir)
     extra = {}
-    if kind != "reward" and not config.precompute_ref_log_probs:
+    if peft is not None:
+        from warmup.peft_args import lora_config
+
+        extra["peft_config"] = lora_config(peft)  # the reference is the policy with its adapter disabled
+    elif kind != "reward" and not config.precompute_ref_log_probs:
         # TRL would load this copy from the policy's checkpoint; the test models have no weights on disk.
         extra["ref_model"] = init_model(model_dir, seed=1)
     recorder = ShapeRecorder()

@@ -129,8 +129,8 @@ def test_a_grpo_width_no_round_can_produce_is_refused():
 
 
 def test_unsupported_trainers_and_mixed_signatures_are_refused():
-    with pytest.raises(RehearsalError, match="kto"):
-        plan_units("kto", [sig("train", 2, 32, trainer="kto")], pad_to_multiple_of=None)
+    with pytest.raises(RehearsalError, match="not written yet"):
+        plan_units("orpo", [sig("train", 2, 32, trainer="orpo")], pad_to_multiple_of=None)
     with pytest.raises(RehearsalError, match="belongs to trainer"):
         plan_units("sft", [sig("train", 2, 32, trainer="dpo")], pad_to_multiple_of=None)
     with pytest.raises(RehearsalError, match="no step"):
@@ -158,3 +158,39 @@ def test_training_units_share_one_run_with_at_most_one_short_batch_last():
     assert group_runs(units, train_rows=4, grouping=False) == [[u] for u in units]
     dpo = plan_units("dpo", [sig("train", 8, 32, trainer="dpo"), evaluation], pad_to_multiple_of=None).units
     assert group_runs(dpo, train_rows=8, grouping=True) == [[u] for u in dpo]  # one training unit: no group
+
+
+def test_a_plan_that_compiles_nothing_needs_no_rehearsal_whatever_the_trainer():
+    """Distillation under Inductor runs every pass eager: nothing to rehearse, so nothing is refused."""
+    plan = plan_units(
+        "distillation",
+        [sig("train", 2, 32, trainer="distillation", compile="eager")],
+        pad_to_multiple_of=None,
+    )
+    assert plan.units == [] and len(plan.nothing_to_compile) == 1
+
+
+def test_kto_steps_pair_each_main_width_with_a_kl_width_and_carry_the_references():
+    train = [sig("train", 2, w, trainer="kto") for w in (32, 64)]
+    kl = [sig("old_logps", 2, w, trainer="kto") for w in (32, 64, 96)]
+    refs = [sig("ref", 2, w, trainer="kto") for w in (32, 64, 96)]
+    short = [sig("train", 1, 32, trainer="kto"), sig("ref", 1, 32, trainer="kto")]
+    plan = plan_units("kto", train + kl + refs + short, pad_to_multiple_of=32, max_length=128)
+    steps = {(u.batch, u.seq_len, u.kl_len): sorted(s.shape_label for s in u.signatures) for u in plan.units}
+    # every signature in exactly one step; 96-wide KL rows need a main width of at least 52 (64)
+    assert sorted(label for labels in steps.values() for label in labels) == sorted(
+        s.shape_label for s in train + kl + refs + short
+    )
+    assert all(u.kind == "train" for u in plan.units)
+    assert set(steps) == {(2, 32, 32), (2, 64, 64), (2, 64, 96), (1, 32, None)}
+    assert steps[(2, 64, 96)] == ["old_logps 2x96", "ref 2x96"]  # train 2x64 and ref 2x64 ran already
+
+
+def test_kto_kl_rows_too_wide_for_any_main_width_are_refused():
+    with pytest.raises(RehearsalError, match="KL rows 128 wide"):
+        plan_units(
+            "kto",
+            [sig("train", 2, 32, trainer="kto"), sig("old_logps", 2, 128, trainer="kto")],
+            pad_to_multiple_of=32,
+            max_length=128,
+        )

@@ -128,13 +128,15 @@ def advise(
     completion_tokens: int | None = None,
     compile_costs: CompileCosts | Callable[[list[Signature]], CompileCosts] | None = None,
     step_seconds: float | None = None,
+    step_seconds_from: str = "",
 ) -> Advice:
     """Evaluate the job as configured and each candidate setting; recommend the fastest.
 
     `lengths`: the dataset's per-example lengths; None takes an SFT spec's data.length_histogram.
     `max_truncated`: the share of training examples an option may cut or drop (0: none beyond what the job's
     own max_length does). `completion_tokens`: GRPO / RLOO, the assumed length of every completion (default:
-    the generation limit). `step_seconds`: one measured optimizer step of the job as configured.
+    the generation limit). `step_seconds`: one measured optimizer step of the job as configured, and
+    `step_seconds_from` where it was measured (shown in the advice's step_costs).
     `compile_costs`: compile seconds per signature, or a function that builds them from every planned
     signature (the service looks up what it recorded for them); default: the seed figures.
     """
@@ -174,7 +176,9 @@ def advise(
     if step_seconds is not None:
         if current_work.steps == 0:
             raise SpecError("the job as configured makes no step to calibrate against", loc="step_seconds")
-        step_costs = StepCosts.measured(step_seconds, current_work.work / current_work.steps)
+        step_costs = StepCosts.measured(
+            step_seconds, current_work.work / current_work.steps, step_seconds_from
+        )
     else:
         step_costs = StepCosts.seed(model, spec.target.device)
     options = [

@@ -49,10 +49,11 @@ class StepCosts:
         )
 
     @classmethod
-    def measured(cls, step_seconds: float, work_per_step: float) -> StepCosts:
+    def measured(cls, step_seconds: float, work_per_step: float, measured_by: str = "") -> StepCosts:
+        by = f" ({measured_by})" if measured_by else ""
         return cls(
             seconds_per_token=step_seconds / work_per_step,
-            source=f"calibrated: {step_seconds:g} s per optimizer step of the job as configured",
+            source=f"calibrated: {step_seconds:g} s per optimizer step of the job as configured{by}",
         )
 
 

@@ -5,9 +5,10 @@ Everything that creates or moves tasks is in `warmup.db.queue.TaskQueue`; this m
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Engine, and_, func, select, update
@@ -276,6 +277,35 @@ class Repository:
                 for data, seconds in rows
                 if isinstance(data, dict)
             ]
+
+    def step_timings(
+        self, toolchain_key: str, spec_matches: Callable[[dict[str, Any]], bool], *, limit: int = 200
+    ) -> tuple[int, float]:
+        """(steps, seconds) of the steady-state training steps timed by the newest coverage reports under the
+        toolchain whose job's spec document `spec_matches` (WarmupCallback's `details.timed_steps`)."""
+        with self._sessions() as session:
+            rows = session.execute(
+                select(m.Spec.data, m.CoverageReport.details)
+                .join(m.Job, m.Job.id == m.CoverageReport.job_id)
+                .join(m.Spec, m.Spec.key == m.Job.spec_key)
+                .where(m.Job.toolchain_key == toolchain_key)
+                .order_by(m.CoverageReport.id.desc())
+                .limit(limit)
+            )
+            steps, seconds = 0, 0.0
+            for spec, details in rows:
+                timed = details.get("timed_steps") if isinstance(details, dict) else None
+                if not isinstance(timed, dict) or not spec_matches(spec):
+                    continue
+                count, spent = timed.get("count"), timed.get("seconds")
+                if (
+                    isinstance(count, int)
+                    and count > 0
+                    and isinstance(spent, int | float)
+                    and 0 < spent < math.inf
+                ):
+                    steps, seconds = steps + count, seconds + float(spent)
+            return steps, seconds
 
     def get_spec(self, key: str) -> Keyed | None:
         return self._document(m.Spec, key)

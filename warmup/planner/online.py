@@ -190,9 +190,22 @@ def plan_generation(plan: PlanBuilder, batches: Iterable[int], rollouts: Rollout
     args = plan.args
     kwargs = _generation_kwargs(plan)
     if getattr(args, "use_vllm", False):
+        mode = getattr(args, "vllm_mode", "colocate")
         plan.warn(
-            "use_vllm: generation runs in vLLM, which compiles its own graphs outside this plan; only the "
-            "training-side forwards are listed"
+            f"use_vllm ({mode} mode): generation runs in vLLM, which compiles its own graphs (torch.compile over "
+            "a symbolic batch size, cached under VLLM_CACHE_ROOT/torch_compile_cache, plus CUDA graphs captured "
+            "at start-up and never cached); this plan lists the trainer's own forwards, which the warm-up "
+            "rehearses with generation through transformers (the training graphs do not depend on who generated)"
+        )
+        plan.warn(
+            "vLLM's own compile cache is a separate artifact set, unverified: "
+            + (
+                "in server mode it belongs to the vLLM server's process, which this warm-up does not start"
+                if mode == "server"
+                else "a colocate rehearsal on a worker with vLLM installed keeps use_vllm and points "
+                "VLLM_CACHE_ROOT into the entry (warmup.activate sets it in the job); where vLLM is not "
+                "installed it is not warmed and vLLM compiles at start-up"
+            )
         )
         return
     if getattr(args, "use_transformers_continuous_batching", False):

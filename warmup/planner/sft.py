@@ -19,7 +19,7 @@ from warmup.planner.common import (
     partial_batch,
     smallest_batch_max,
 )
-from warmup.signature import Phase
+from warmup.signature import Phase, SettingValue
 
 
 def plan_sft(plan: PlanBuilder) -> None:
@@ -96,27 +96,24 @@ def _shapes(
     m = plan.multiple
     split = "train" if phase == "train" else "eval"
     runs_on: RunsOn = "wrapped" if phase == "train" else "bare"
-    if packing and _padding_free(plan):
-        # All rows of a batch are concatenated into one row of their total length (docs/trl-shapes.md 4).
+    if _padding_free(plan) and not packing and args.max_length is not None:
+        raise SpecError(
+            "padding_free without packing needs max_length: null (TRL refuses it otherwise): set max_length: null "
+            "(and give data.max_tokens), or packing: true",
+            loc="args.padding_free",
+        )
+    if _padding_free(plan):
+        # All rows of a batch are concatenated into one row of their total length (docs/trl-shapes.md 4):
+        # bfd packing's bins, or (padding_free without packing) the untruncated examples themselves.
         lengths = padded_lengths(min(smallest_batch_max(plan.data, 1), longest), batch * longest, m)
         plan.add_many(phase, [1], lengths, settings=settings, runs_on=runs_on)
         plan.warn(
-            "padding-free batches (bfd packing) pass data-dependent cu_seq_lens / max_length_q inputs; "
+            "padding-free batches (bfd packing, padding_free) pass data-dependent cu_seq_lens / max_length_q inputs; "
             "on Neuron prefer packing_strategy: wrapped or packing: false"
         )
         return
-    if _padding_free(plan):
-        raise SpecError(
-            "padding_free without packing needs max_length: null (TRL refuses it otherwise)",
-            loc="args.padding_free",
-        )
     if packing:
-        # Wrapped packing: every row is max_length but one remainder row per map chunk.
-        plan.add(phase, batch, ceil_to(longest, m), settings=settings, runs_on=runs_on)
-        plan.warn(
-            f"wrapped packing: a {split} batch made only of chunk-remainder rows is shorter than max_length and "
-            "cannot be listed from the data facts; set dataloader_drop_last: true to drop the last partial batch"
-        )
+        _wrapped_packing(plan, phase, batch, num_examples, longest, settings, runs_on)
         return
 
     batches = []
@@ -135,3 +132,60 @@ def _shapes(
     for rows in batches:
         lengths = padded_lengths(min(smallest_batch_max(plan.data, rows), longest), longest, m)
         plan.add_many(phase, [rows], lengths, settings=settings, runs_on=runs_on)
+
+
+def _wrapped_packing(
+    plan: PlanBuilder,
+    phase: Phase,
+    batch: int,
+    num_rows: int | None,
+    max_length: int,
+    settings: dict[str, SettingValue],
+    runs_on: RunsOn,
+) -> None:
+    """Wrapped packing: each map batch of 1000 examples becomes one token stream cut into rows of max_length,
+    its last row the shorter remainder (docs/trl-shapes.md section 4).
+
+    The dataloader batches packed rows, so with packing the data facts count packed rows (`warmup facts`
+    packs the dataset as TRL does: `num_*_examples` is the packed row count, `length_histogram` the packed
+    row lengths). The last batch has `rows % B` rows; when the row count is not known, every batch size the
+    packed dataset can end on (1 .. B-1) is listed. A batch made only of remainder rows is narrower: listed
+    from the histogram's short rows, or, without one, for a one-row batch at every width a remainder can have.
+    """
+    args = plan.args
+    m = plan.multiple
+    split = "train" if phase == "train" else "eval"
+    full = ceil_to(max_length, m)
+    ends = not args.dataloader_drop_last and plan.world_size == 1
+    sizes = []
+    if full_batch_reachable(num_rows, batch, plan.world_size):
+        sizes.append(batch)
+    if num_rows is not None:
+        remainder = partial_batch(
+            num_rows, batch, drop_last=args.dataloader_drop_last, world_size=plan.world_size
+        )
+        sizes += [remainder] if remainder else []
+    elif ends and batch > 1:
+        sizes += list(range(1, batch))
+        plan.note(
+            f"wrapped packing: the packed {split} row count is not in the data facts, so every size its last batch "
+            f"can have (1 to {batch - 1} rows) is listed; give data.num_{split}_examples (packed rows: warmup "
+            "facts counts them) to list only the one it has, or set dataloader_drop_last: true"
+        )
+    # the facts' histogram describes the train split
+    histogram = plan.data.length_histogram if phase == "train" else None
+    short = sorted(n for n, count in (histogram or {}).items() for _ in range(count) if n < max_length)
+    for rows in sizes:
+        plan.add(phase, rows, full, settings=settings, runs_on=runs_on)
+        if histogram is not None:
+            if len(short) >= rows:  # a batch of remainder rows only: as wide as its longest
+                lengths = padded_lengths(short[rows - 1], short[-1], m)
+                plan.add_many(phase, [rows], lengths, settings=settings, runs_on=runs_on)
+        elif rows == 1:
+            plan.add_many(phase, [1], padded_lengths(1, max_length, m), settings=settings, runs_on=runs_on)
+    if histogram is None and any(rows > 1 for rows in sizes):
+        plan.warn(
+            f"wrapped packing: a {split} batch made only of remainder rows (one per map batch of 1000 examples) "
+            "is narrower than max_length; without data.length_histogram (packed row lengths, from warmup facts) "
+            "only one-row batches of them are listed"
+        )

@@ -126,6 +126,28 @@ def sft_rows(
     return [{"input_ids": token_ids(vocab, special, length, offset=i)} for i, length in enumerate(lengths)]
 
 
+def padding_free_rows(
+    tokenizer: Any, seq_len: int, rows: int, multiple: int | None, max_length: int | None
+) -> list[dict[str, list[int]]]:
+    """Pre-tokenized SFT examples that make one padding-free batch `(1, seq_len)`: the whole dataset.
+
+    The collator concatenates a batch's rows (BFD bins, or examples when padding_free has no packing) into one
+    row padded to a multiple. `ceil(T / max_length)` examples of T tokens in all, each but the last max_length
+    long, make as many BFD bins (no two fit together): at most `rows`, so they are one batch.
+    """
+    vocab, special = len(tokenizer), tokenizer.all_special_ids
+    step = multiple or 1
+    total = seq_len if max_length is None else min(seq_len, rows * max_length)
+    if total < 1 or ceil_to(total, multiple) != seq_len or seq_len % step:
+        raise RehearsalError(
+            f"no padding-free batch of {rows} rows of at most {max_length} tokens pads to width {seq_len}; "
+            "the plan and the spec disagree"
+        )
+    piece = max_length or total
+    lengths = [piece] * ((total - 1) // piece) + [total - piece * ((total - 1) // piece)]
+    return [{"input_ids": token_ids(vocab, special, length, offset=i)} for i, length in enumerate(lengths)]
+
+
 def reward_rows(
     tokenizer: Any, pairs: int, seq_len: int, multiple: int | None, max_length: int | None
 ) -> list[dict[str, list[int]]]:
@@ -180,3 +202,53 @@ def prompt_rows(
     shortest = max(1, texts.base + 1, prompt_len - (multiple or prompt_len) + 1)
     lengths = [max(shortest, longest - 2 * index) for index in range(prompts)]
     return [{"prompt": texts.text(length)} for length in lengths]
+
+
+def kto_rows(
+    texts: TextMaker,
+    rows: int,
+    main_len: int,
+    kl_len: int | None,
+    multiple: int | None,
+    max_length: int | None,
+    eos: str,
+) -> list[dict[str, Any]]:
+    """KTO examples (prompt, completion, label) whose batch has main rows `main_len` wide and KL rows `kl_len`.
+
+    KTO appends EOS to each completion and builds the KL rows by rotating completions by one within each group
+    of per_device_train_batch_size examples: example i's KL row is its prompt with example i-1's completion.
+    Example 0 carries the long prompt P0 and completion C0; the last example's completion C' is long only when
+    the KL rows must be wider than the main ones; every other part is one token. Then the main rows peak at
+    P0 + C0 (or P' + C'), the KL rows at P0 + C' or P1 + C0.
+    """
+    unit = texts.unit()
+    prompt_min = texts.overhead() + 1  # one unit, plus what the tokenizer adds (a BOS)
+    completion_min = 2  # one unit and the EOS
+    main = longest_row(main_len, multiple, max_length)
+    kl = main if kl_len is None or rows == 1 else longest_row(kl_len, multiple, max_length)
+    tiny = (prompt_min, completion_min)
+    parts = [tiny] * rows
+    if kl == main:
+        parts[0] = (main - completion_min, completion_min)
+    elif kl < main:
+        # KL_0 = P0 + C_min, KL_1 = P_min + C0
+        prompt = kl - completion_min
+        parts[0] = (prompt, main - prompt)
+        if prompt_min + main - prompt > kl:
+            raise RehearsalError(f"no KTO batch has main rows of {main} tokens and KL rows of at most {kl}")
+    else:
+        # KL_0 = P0 + C' (C' on the last example), main rows P0 + C_min and P_min + C'
+        prompt = main - completion_min
+        completion = kl - prompt
+        if rows < 2 or completion > main - prompt_min:
+            raise RehearsalError(f"no KTO batch has main rows of at most {main} tokens and KL rows of {kl}")
+        parts[0] = (prompt, completion_min)
+        parts[-1] = (prompt_min, completion)
+    examples = []
+    for index, (prompt_tokens, completion_tokens) in enumerate(parts):
+        prompt_text = texts.text(prompt_tokens)
+        completion_text = unit * (completion_tokens - 1)
+        if texts.count(prompt_text + completion_text + eos) != prompt_tokens + completion_tokens:
+            raise RehearsalError("KTO texts came out at the wrong token count; unsupported tokenizer")
+        examples.append({"prompt": prompt_text, "completion": completion_text, "label": index % 2 == 0})
+    return examples

@@ -35,7 +35,16 @@ from typing import Any
 
 from warmup.backends import get_backend
 from warmup.errors import RehearsalError, WarmupError
-from warmup.rehearsal.data import TextMaker, preference_rows, prompt_rows, reward_rows, sft_rows
+from warmup.peft_args import lora_config
+from warmup.rehearsal.data import (
+    TextMaker,
+    kto_rows,
+    padding_free_rows,
+    preference_rows,
+    prompt_rows,
+    reward_rows,
+    sft_rows,
+)
 from warmup.rehearsal.units import RehearsalUnit
 from warmup.spec import Spec
 from warmup.trl_args import config_class
@@ -44,10 +53,16 @@ from warmup.trl_config import read_trl_args
 TRAINER_CLASSES = {
     "sft": "SFTTrainer",
     "dpo": "DPOTrainer",
+    "kto": "KTOTrainer",
     "reward": "RewardTrainer",
     "grpo": "GRPOTrainer",
     "rloo": "RLOOTrainer",
+    "distillation": "DistillationTrainer",
 }
+# Trainers that generate in each step (prompt + completion widths, generation pinned per unit).
+ONLINE = ("grpo", "rloo", "distillation")
+# Where a colocate vLLM rehearsal keeps vLLM's own cache inside the cache directory (see vllm_rehearsable).
+VLLM_CACHE_SUBDIR = "vllm"
 # Loading arguments of from_pretrained that from_config does not take; the rest configure the model.
 LOADING_ONLY_KWARGS = (
     "device_map",
@@ -104,6 +119,7 @@ class Observed:
     batches: list[tuple[int, ...]] = field(default_factory=list)
     forwards: list[tuple[int, ...]] = field(default_factory=list)
     prompt_widths: list[int] = field(default_factory=list)
+    kl_batches: list[tuple[int, ...]] = field(default_factory=list)  # KTO's KL rows
 
 
 class _EvaluationDone(Exception):
@@ -146,6 +162,7 @@ def run(job: RunJob, progress: Path | None = None) -> dict[str, Any]:
                 "batches": account.batches,
                 "forwards": account.forwards,
                 "prompts": account.prompts,
+                "kl_batches": account.kl_batches,
             },
         }
     fresh = counter.fresh()
@@ -167,6 +184,7 @@ class StepAccount:
     batches: list[tuple[int, ...]]
     forwards: list[tuple[int, ...]]
     prompts: list[int]
+    kl_batches: list[tuple[int, ...]] = field(default_factory=list)
 
 
 class StepAccounts:
@@ -179,7 +197,7 @@ class StepAccounts:
     def __init__(self, job: RunJob, trainer: Any, observed: Observed, progress: Path | None) -> None:
         self.job, self.trainer, self.observed, self.progress = job, trainer, observed, progress
         self.accounts: list[StepAccount] = []
-        self._marks = (0, 0, 0)
+        self._marks = (0, 0, 0, 0)
         self._compile_start = 0.0
         self._start = time.perf_counter()
 
@@ -200,13 +218,13 @@ class StepAccounts:
     def begin(self, step: int) -> None:
         if step >= len(self.job.units):
             raise RehearsalError(f"the run went past its {len(self.job.units)} step(s)")
-        if self.job.spec.trainer in ("grpo", "rloo"):
+        if self.job.spec.trainer in ONLINE:
             _fix_generation_length(self.trainer, self.job.units[step])
         self._compile_start = dynamo_compile_seconds()
         self._start = time.perf_counter()
 
     def end(self) -> None:
-        observed, (batches, forwards, prompts) = self.observed, self._marks
+        observed, (batches, forwards, prompts, kl_batches) = self.observed, self._marks
         self.accounts.append(
             StepAccount(
                 compile_seconds=dynamo_compile_seconds() - self._compile_start,
@@ -214,9 +232,15 @@ class StepAccounts:
                 batches=observed.batches[batches:],
                 forwards=observed.forwards[forwards:],
                 prompts=observed.prompt_widths[prompts:],
+                kl_batches=observed.kl_batches[kl_batches:],
             )
         )
-        self._marks = (len(observed.batches), len(observed.forwards), len(observed.prompt_widths))
+        self._marks = (
+            len(observed.batches),
+            len(observed.forwards),
+            len(observed.prompt_widths),
+            len(observed.kl_batches),
+        )
         if self.progress is not None:
             self.progress.write_text(str(len(self.accounts)))
 
@@ -351,7 +375,7 @@ def build_config(job: RunJob) -> Any:
         "max_steps": len(job.units),
     }
     # steps take their data in order: step k produces unit k
-    if spec.trainer in ("sft", "dpo", "reward"):
+    if spec.trainer in ("sft", "dpo", "kto", "reward"):
         overrides["train_sampling_strategy"] = "sequential"
     else:
         overrides["shuffle_dataset"] = False
@@ -375,10 +399,25 @@ def build_config(job: RunJob) -> Any:
         kwargs["torch_compile"] = True
         if launch.dynamo_mode:
             kwargs["torch_compile_mode"] = launch.dynamo_mode
+    if kwargs.get("use_vllm") and not vllm_rehearsable(kwargs.get("vllm_mode", "colocate")):
+        # The training graphs do not depend on who generated: generate through transformers instead.
+        kwargs["use_vllm"] = False
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:
         raise RehearsalError(f"TRL refused the job's config on this machine: {error}") from None
+
+
+def vllm_rehearsable(mode: str) -> bool:
+    """Whether a rehearsal can run the job's vLLM generation itself: colocate mode, vLLM installed here.
+
+    Then vLLM compiles in the rehearsal with VLLM_CACHE_ROOT inside the run's cache directory, so its
+    `torch_compile_cache` joins the entry (written against vLLM's documented cache layout; unverified, no
+    vLLM on the development machines). Server mode's cache belongs to the server's process.
+    """
+    import importlib.util
+
+    return mode == "colocate" and importlib.util.find_spec("vllm") is not None
 
 
 def build_trainer(job: RunJob) -> tuple[Any, Observed]:
@@ -387,11 +426,13 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
     from transformers import AutoTokenizer
 
     spec = job.spec
-    if spec.peft:
-        raise RehearsalError("rehearsal of PEFT (LoRA) jobs is not written yet")
     if job.unit.kind == "eval" and len(job.units) > 1:
         raise RehearsalError("an evaluation is rehearsed alone, one per run")
     config = build_config(job)
+    if getattr(config, "use_vllm", False):
+        import os
+
+        os.environ["VLLM_CACHE_ROOT"] = str(job.cache_dir / VLLM_CACHE_SUBDIR)
     tokenizer = AutoTokenizer.from_pretrained(spec.model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # what TRL does when the tokenizer has none
@@ -407,6 +448,12 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
     extra: dict[str, Any] = {}
     if spec.trainer in ("grpo", "rloo"):
         extra["reward_funcs"] = zero_reward
+    if spec.trainer == "distillation":
+        extra["teacher_model"] = spec.teacher_model  # built from its config, like the student
+    if spec.peft:
+        # The job's LoraConfig, built by TRL's own get_peft_config: the trainer wraps the model itself
+        # (get_peft_model; enable_input_require_grads under gradient checkpointing), as in the job.
+        extra["peft_config"] = lora_config(spec.peft)
     trainer = cls(
         model=spec.model,
         args=config,
@@ -416,7 +463,7 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
         **extra,
     )
     observed = Observed()
-    if spec.trainer in ("grpo", "rloo"):
+    if spec.trainer in ONLINE:
         _fix_generation_length(trainer, job.unit)
         _record_forwards(trainer, observed)
     else:
@@ -453,7 +500,22 @@ def _sft_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, wo
         config.packing if unit.kind == "train" or config.eval_packing is None else config.eval_packing
     )
     if config.padding_free or (packing and config.packing_strategy in ("bfd", "bfd_split")):
-        raise RehearsalError("rehearsal of padding-free SFT (bfd packing, padding_free) is not written yet")
+        # One batch, concatenated into one row: the examples of the step are its whole dataset.
+        if unit.batch != 1:
+            raise RehearsalError(f"a padding-free SFT batch is one row, not {unit.batch}")
+        if world > 1 or config.gradient_accumulation_steps > 1:
+            raise RehearsalError(
+                "padding-free SFT is rehearsed in one process without gradient accumulation: BFD packing "
+                "reorders the rows across batches, so the data of several batches cannot be pinned"
+            )
+        data = padding_free_rows(
+            tokenizer,
+            unit.seq_len,
+            config.per_device_train_batch_size if unit.kind == "train" else config.per_device_eval_batch_size,
+            config.pad_to_multiple_of,
+            config.max_length if packing else None,
+        )
+        return data, data if unit.kind == "eval" else None
     data = []
     for _ in range(batches):
         data += sft_rows(
@@ -486,16 +548,19 @@ def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any,
     for one eval batch on every process when the unit is an evaluation."""
     if unit.prompt_len is None or unit.completion_len is None:
         raise RehearsalError("a GRPO/RLOO unit needs its prompt and completion lengths")
-    if config.use_vllm or getattr(config, "use_transformers_paged", False):
-        raise RehearsalError("rehearsal of GRPO/RLOO with vLLM or paged generation is not written yet")
+    if getattr(config, "use_transformers_paged", False):
+        raise RehearsalError("rehearsal of GRPO/RLOO with paged generation is not written yet")
     texts = TextMaker(tokenizer)
     multiple = config.pad_to_multiple_of
-    train = prompt_rows(
-        texts, config.generation_batch_size // config.num_generations, unit.prompt_len, multiple
-    )
+    if trainer == "distillation":
+        # one completion per prompt; a round is B x gradient_accumulation_steps rows on every process
+        prompts = config.per_device_train_batch_size * config.gradient_accumulation_steps * world
+    else:
+        prompts = config.generation_batch_size // config.num_generations
+    train = prompt_rows(texts, prompts, unit.prompt_len, multiple)
     if unit.kind == "train":
         return train, None
-    copies = config.num_generations_eval or config.num_generations
+    copies = 1 if trainer == "distillation" else config.num_generations_eval or config.num_generations
     if unit.batch % copies:
         raise RehearsalError(
             f"an eval batch of {unit.batch} rows is not a whole number of {copies} generations"
@@ -503,10 +568,29 @@ def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any,
     return train, prompt_rows(texts, unit.batch // copies * world, unit.prompt_len, multiple)
 
 
+def _kto_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
+    rows, batches = _batches(trainer, unit, config, world)
+    texts = TextMaker(tokenizer)
+    kl_len = unit.kl_len if config.loss_type != "apo_zero_unpaired" else None
+    data = []
+    for _ in range(batches):
+        data += kto_rows(
+            texts,
+            rows,
+            unit.seq_len,
+            kl_len,
+            config.pad_to_multiple_of,
+            config.max_length,
+            tokenizer.eos_token,
+        )
+    return data, data if unit.kind == "eval" else None
+
+
 RowsPair = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
 ROW_BUILDERS: dict[str, Callable[[str, RehearsalUnit, Any, Any, int], RowsPair]] = {
     "sft": _sft_rows,
     "dpo": _dpo_rows,
+    "kto": _kto_rows,
     "reward": _reward_rows,
 }
 
@@ -533,15 +617,28 @@ def _record_batches(trainer: Any, observed: Observed) -> None:
 
     def recording_compute_loss(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         observed.batches.append(tuple(inputs["input_ids"].shape))
+        if "KL_input_ids" in inputs:
+            observed.kl_batches.append(tuple(inputs["KL_input_ids"].shape))
         return compute_loss(model, inputs, *args, **kwargs)
 
     trainer.compute_loss = recording_compute_loss
 
 
 def _record_forwards(trainer: Any, observed: Observed) -> None:
-    """GRPO/RLOO: record every log-prob forward's input shape and every generation round's prompt width."""
-    logps = trainer._get_per_token_logps_and_entropies
+    """GRPO/RLOO: record every log-prob forward's input shape and every generation round's prompt width;
+    distillation: every student / teacher backbone forward (`_get_last_hidden_state`) instead."""
     generate = trainer._generate_single_turn
+    if hasattr(trainer, "_get_last_hidden_state"):
+        hidden = trainer._get_last_hidden_state
+
+        def recording_hidden(model: Any, input_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            observed.forwards.append(tuple(input_ids.shape))
+            return hidden(model, input_ids, *args, **kwargs)
+
+        trainer._get_last_hidden_state = recording_hidden
+        logps = None
+    else:
+        logps = trainer._get_per_token_logps_and_entropies
 
     def recording_logps(
         model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, **kwargs: Any
@@ -549,6 +646,7 @@ def _record_forwards(trainer: Any, observed: Observed) -> None:
         batch_size = kwargs.get("batch_size") or input_ids.size(0)
         for start in range(0, input_ids.size(0), batch_size):
             observed.forwards.append((min(batch_size, input_ids.size(0) - start), input_ids.size(1)))
+        assert logps is not None
         return logps(model, input_ids, attention_mask, logits_to_keep, **kwargs)
 
     def recording_generate(prompt_ids: list[Any], *args: Any, **kwargs: Any) -> Any:
@@ -558,7 +656,8 @@ def _record_forwards(trainer: Any, observed: Observed) -> None:
         observed.prompt_widths.append(ceil_to(longest, trainer.pad_to_multiple_of))
         return generate(prompt_ids, *args, **kwargs)
 
-    trainer._get_per_token_logps_and_entropies = recording_logps
+    if logps is not None:
+        trainer._get_per_token_logps_and_entropies = recording_logps
     trainer._generate_single_turn = recording_generate
 
 
@@ -586,7 +685,7 @@ def evaluate_as_in_training(trainer: Any) -> None:
 def check_shapes(trainer: str, unit: RehearsalUnit, account: StepAccount) -> None:
     """Fail the run unless TRL produced exactly the unit's shapes (never publish a wrong entry)."""
     want = (unit.batch, unit.seq_len)
-    if trainer in ("grpo", "rloo"):
+    if trainer in ONLINE:
         seen = set(account.forwards)
         if not seen:
             raise RehearsalError("the GRPO/RLOO step ran no log-prob forward; nothing was rehearsed")
@@ -605,3 +704,9 @@ def check_shapes(trainer: str, unit: RehearsalUnit, account: StepAccount) -> Non
         raise RehearsalError("the trainer collated no batch; nothing was rehearsed")
     if seen != {want}:
         raise RehearsalError(f"the trainer produced batch shapes {sorted(seen)}, the unit needs only {want}")
+    if trainer == "kto" and unit.kl_len is not None:
+        kl_seen, kl_want = set(account.kl_batches), (unit.batch, unit.kl_len)
+        if kl_seen != {kl_want}:
+            raise RehearsalError(
+                f"the KTO step built KL rows {sorted(kl_seen)}, the unit needs only {kl_want}"
+            )

@@ -26,14 +26,16 @@ from warmup.signature import Signature
 UnitKind = Literal["train", "eval"]
 
 # Trainer kinds whose rehearsal is written; the others fail with a clear message.
-SUPPORTED_TRAINERS = ("sft", "dpo", "reward", "grpo", "rloo")
+SUPPORTED_TRAINERS = ("sft", "dpo", "kto", "reward", "grpo", "rloo", "distillation")
 # Phases one training step of each family runs (forward-only passes ride along with the step).
 STEP_PHASES = {
     "sft": ("train",),
     "reward": ("train",),
     "dpo": ("train", "ref"),
+    "kto": ("train", "ref"),  # the KL forward (old_logps) is placed by kto_steps
     "grpo": ("train", "ref", "old_logps", "generate_prefill", "generate_decode"),
     "rloo": ("train", "ref", "old_logps", "generate_prefill", "generate_decode"),
+    "distillation": ("train", "teacher", "generate_prefill", "generate_decode"),
 }
 GENERATION_PHASES = ("generate_prefill", "generate_decode")
 
@@ -52,6 +54,9 @@ class RehearsalUnit(BaseModel):
     )
     completion_len: int | None = Field(None, description="GRPO/RLOO: completion tokens every row generates.")
     cache_len: int | None = Field(None, description="GRPO/RLOO: static KV-cache length to pin, if planned.")
+    kl_len: int | None = Field(
+        None, description="KTO: padded width of the step's KL rows (None: no KL term)."
+    )
     signatures: list[Signature]
 
     @property
@@ -80,6 +85,7 @@ def plan_units(
     pad_to_multiple_of: int | None,
     max_completion_length: int | None = None,
     generation_rows: dict[str, int] | None = None,
+    max_length: int | None = None,
 ) -> UnitPlan:
     """Group `signatures` of a `trainer` job into rehearsal units.
 
@@ -90,7 +96,6 @@ def plan_units(
     `generation_rows` ({"train": rows, "eval": rows} of a generation round) sends a compiled
     generation signature to a training step or to an evaluation.
     """
-    require_rehearsable(trainer)
     nothing: dict[str, str] = {}
     compiled: list[Signature] = []
     for signature in signatures:
@@ -103,7 +108,12 @@ def plan_units(
             nothing[signature.key()] = reason
         else:
             compiled.append(signature)
+    if compiled:  # a plan whose every pass runs eager needs no rehearsal, whatever the trainer
+        require_rehearsable(trainer)
 
+    units: list[RehearsalUnit] = []
+    if trainer == "kto":
+        units, compiled = kto_steps(compiled, pad_to_multiple_of, max_length)
     train_shapes = {(s.batch, s.seq_len) for s in compiled if s.phase == "train"}
     groups: dict[tuple[Any, ...], list[Signature]] = {}
     generation: list[Signature] = []
@@ -120,10 +130,9 @@ def plan_units(
         key = ("train" if in_step else "eval", signature.batch, signature.seq_len)
         groups.setdefault((*key, prompt_len if isinstance(prompt_len, int) else None), []).append(signature)
 
-    units: list[RehearsalUnit] = []
     for (kind, batch, seq_len, prompt_len), members in groups.items():
         fields = {}
-        if trainer in ("grpo", "rloo"):
+        if trainer in ("grpo", "rloo", "distillation"):
             fields = _split_width(seq_len, prompt_len, pad_to_multiple_of, max_completion_length)
         units.append(
             RehearsalUnit(index=0, kind=kind, batch=batch, seq_len=seq_len, signatures=members, **fields)
@@ -135,6 +144,84 @@ def plan_units(
         units=[unit.model_copy(update={"index": index}) for index, unit in enumerate(ordered)],
         nothing_to_compile=nothing,
     )
+
+
+# KTO: the shortest row the synthetic data has (a one-token prompt, a one-token completion and its EOS, one
+# special token): a step's KL rows join one example's prompt to its neighbour's completion, so the main and
+# KL widths a step can have together are bounded by each other (see data.kto_rows).
+KTO_TINY_ROW = 4
+
+
+def kto_steps(
+    signatures: list[Signature], multiple: int | None, max_length: int | None
+) -> tuple[list[RehearsalUnit], list[Signature]]:
+    """KTO training steps: each runs the policy's KL forward (no grad, phase old_logps) on KL rows of one
+    width, the main forward and backward on rows of another, and the reference model on both.
+
+    Every train signature gets a step; each KL width is paired with a main width of the same batch that one
+    batch of examples can produce together (KL rows rotate completions within the batch, so neither width can
+    be much more than twice the other); reference signatures ride with a step that has their width. Returns the
+    steps and the signatures left for the generic grouping (evaluation, and references no step covers).
+    """
+    train = [s for s in signatures if s.phase == "train"]
+    kl = [s for s in signatures if s.phase == "old_logps"]
+    refs = [s for s in signatures if s.phase == "ref"]
+    rest = [s for s in signatures if s.phase not in ("train", "old_logps", "ref")]
+    pairs: list[tuple[int, int, int | None]] = []  # (batch, main width, KL width)
+    kl_left = {(s.batch, s.seq_len) for s in kl}
+    for signature in sorted(train, key=lambda s: (s.batch, s.seq_len)):
+        batch, width = signature.batch, signature.seq_len
+        widths = sorted(
+            {w for b, w in kl_left if b == batch and _kto_pair_fits(width, w, multiple, max_length)}
+        )
+        if widths:
+            choice: int | None = min(widths, key=lambda w: abs(w - width))
+        elif any(s.batch == batch for s in kl):
+            choice = width  # every KL width of this batch is covered: KL rows as wide as the main rows
+        else:
+            choice = None  # no KL term (apo_zero_unpaired)
+        pairs.append((batch, width, choice))
+        kl_left.discard((batch, choice or 0))
+    for batch, width in sorted(kl_left):
+        mains = {
+            s.seq_len
+            for s in train
+            if s.batch == batch and _kto_pair_fits(s.seq_len, width, multiple, max_length)
+        }
+        if not mains:
+            raise RehearsalError(
+                f"no KTO training step of {batch} rows can produce KL rows {width} wide together with a main width "
+                "of the plan; the plan and the spec disagree"
+            )
+        pairs.append((batch, min(mains, key=lambda w: abs(w - width)), width))
+    units: list[RehearsalUnit] = []
+    taken: set[str] = set()
+    pool = train + kl + refs
+    for batch, width, kl_width in pairs:
+        shapes = {("train", width), ("ref", width)}
+        if kl_width is not None:
+            shapes |= {("old_logps", kl_width), ("ref", kl_width)}
+        members = [
+            s for s in pool if s.batch == batch and (s.phase, s.seq_len) in shapes and s.key() not in taken
+        ]
+        taken.update(s.key() for s in members)
+        if members:
+            units.append(
+                RehearsalUnit(
+                    index=0, kind="train", batch=batch, seq_len=width, kl_len=kl_width, signatures=members
+                )
+            )
+    return units, rest + [s for s in refs if s.key() not in taken]
+
+
+def _kto_pair_fits(main: int, kl: int, multiple: int | None, max_length: int | None) -> bool:
+    """Whether one batch can have main rows `main` wide and KL rows `kl` wide (see data.kto_rows)."""
+    longest_main, longest_kl = (min(w, max_length) if max_length else w for w in (main, kl))
+    if ceil_to(longest_main, multiple) != main or ceil_to(longest_kl, multiple) != kl:
+        return False
+    if main == kl:
+        return True
+    return max(longest_main, longest_kl) <= 2 * min(longest_main, longest_kl) - KTO_TINY_ROW
 
 
 def require_rehearsable(trainer: str) -> None:

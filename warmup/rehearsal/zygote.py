@@ -126,12 +126,26 @@ def config_facts(spec: Any) -> dict[str, Any]:
             "train": config.per_device_train_batch_size * config.steps_per_generation,
             "eval": config.per_device_eval_batch_size,
         }
+    elif spec.trainer == "distillation":  # a round generates for the whole accumulation
+        generation_rows = {
+            "train": config.per_device_train_batch_size * config.gradient_accumulation_steps,
+            "eval": config.per_device_eval_batch_size,
+        }
     pairs = 2 if spec.trainer in ("dpo", "reward") else 1
     return {
         "pad_to_multiple_of": config.pad_to_multiple_of,
         "max_completion_length": getattr(config, "max_completion_length", None),
         "generation_rows": generation_rows,
         "train_rows": config.per_device_train_batch_size * pairs,
+        "max_length": getattr(config, "max_length", None),
+        # SFT padding-free batches (BFD packing reorders rows across batches): one unit per run
+        "padding_free": bool(
+            getattr(config, "padding_free", False)
+            or (
+                getattr(config, "packing", False)
+                and getattr(config, "packing_strategy", "") in ("bfd", "bfd_split")
+            )
+        ),
     }
 
 
@@ -163,7 +177,7 @@ def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
     from warmup.errors import WarmupError
     from warmup.rehearsal.drivers import RunJob
-    from warmup.rehearsal.units import plan_units, require_rehearsable
+    from warmup.rehearsal.units import plan_units
     from warmup.signature import Signature
     from warmup.spec import Spec
 
@@ -190,7 +204,6 @@ def main(argv: list[str]) -> int:
         skip = set(job.get("skip") or [])
         todo = [signature for signature in signatures if signature.key() not in skip]
         plan_size = job.get("plan_size") or len(signatures)
-        require_rehearsable(spec.trainer)
         processes, rank_spec = rehearsal_topology(spec)
         facts = config_facts(rank_spec)
         planned = plan_units(
@@ -200,6 +213,7 @@ def main(argv: list[str]) -> int:
             pad_to_multiple_of=facts["pad_to_multiple_of"],
             max_completion_length=facts["max_completion_length"],
             generation_rows=facts["generation_rows"],
+            max_length=facts["max_length"],
         )
     except WarmupError as error:
         problems = [[p.loc, p.msg] for p in getattr(error, "problems", [])]
@@ -215,7 +229,8 @@ def main(argv: list[str]) -> int:
         processes=processes,
     )
 
-    pending = group_runs(planned.units, facts["train_rows"], job.get("grouping", True))
+    grouping = job.get("grouping", True) and not facts["padding_free"]
+    pending = group_runs(planned.units, facts["train_rows"], grouping)
     running: dict[int, Running] = {}
     next_index = 0
 
