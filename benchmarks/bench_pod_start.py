@@ -19,9 +19,13 @@ least 2x faster than `aws s3 sync`.
 
 The image is prepared once, as a training image's build would (`warmup toolchain --remember`, not
 timed): a pod then finds its toolchain in the image's memo without importing torch. Every warm run is
-checked to have compiled nothing.
+checked to have compiled nothing. Each process gets a fresh TMPDIR: Inductor's default cache directory
+(under it) is where a process that has not set its cache directory yet builds the CPU ISA probes, and
+a pod starts with it empty (a shared one would spare later runs the g++ builds a pod pays).
 
-    python benchmarks/bench_pod_start.py [--rounds 5] [--aws PATH]
+    python benchmarks/bench_pod_start.py [--rounds 5] [--aws PATH] [--scratch DIR]
+
+--scratch reuses the job and the warmed cache of an earlier run (the directory it printed).
 
 awscli is not a dependency of the project: `pip install awscli` apart (or the `bench` extra) and
 pass --aws (default: `aws` next to this interpreter, else on PATH).
@@ -46,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_pull import record_entries
-from warm_runs import HIGH, LOW, SPLITS, TRAIN_JOB, make_job, warm
+from warm_runs import HIGH, LOW, SPLITS, TRAIN_JOB, Job, make_job, warm
 
 from api.services import Services
 from tests.support.live_server import serve
@@ -75,16 +79,22 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     default_aws = Path(sys.executable).with_name("aws")
     parser.add_argument("--aws", default=str(default_aws) if default_aws.exists() else shutil.which("aws"))
+    parser.add_argument("--scratch", type=Path, help="the job and warmed cache of an earlier run")
     ns = parser.parse_args()
     if not ns.aws or not shutil.which(ns.aws):
         raise SystemExit("no aws CLI: pip install awscli apart and pass --aws")
 
-    job = make_job()
-    work = job.root
+    if ns.scratch is not None and (ns.scratch / "warmed" / "trl-warmup.json").is_file():
+        job = Job(ns.scratch, ns.scratch / "job.yaml", ns.scratch / "weights")
+    else:
+        job = make_job()
     spec = load_spec(job.spec)
-    cache = work / "warmed"
-    print(f"warming {len(plan_spec(spec).signatures)} signatures into {cache} ...", flush=True)
-    print(f"warmup warm: {warm(job, cache):.0f} s", flush=True)
+    cache = job.root / "warmed"
+    if not (cache / "trl-warmup.json").is_file():
+        print(f"warming {len(plan_spec(spec).signatures)} signatures into {cache} ...", flush=True)
+        print(f"warmup warm: {warm(job, cache):.0f} s", flush=True)
+    work = job.root / f"run-{int(time.time())}"
+    work.mkdir()
     artifacts = get_backend("inductor", "cpu").collect(cache)
     every_file = sorted(
         p for p in cache.rglob("*") if p.is_file() and p.relative_to(cache).parts[0] != "locks"
@@ -116,7 +126,7 @@ def main() -> int:
             )
         record_entries(services, spec, toolchain, artifacts)
         with serve(services) as url:
-            starts, pulls, notes = race(ns, job, env, url, s3.endpoint_url)
+            starts, pulls, notes = race(ns, job, work, env, url, s3.endpoint_url)
         services.close()
 
     print(f"\ntime to the end of the first training step, median of {ns.rounds} (each a fresh process):")
@@ -136,16 +146,21 @@ def main() -> int:
     )
     print(f"\nthe pods' toolchain: {notes}")
     shutil.rmtree(work / "seaweed", ignore_errors=True)
-    print(f"scratch: {work}")
+    print(f"scratch (reusable with --scratch): {job.root}")
     return 0
 
 
 def race(
-    ns: argparse.Namespace, job: Any, env: dict[str, str], url: str, endpoint: str
+    ns: argparse.Namespace, job: Any, work: Path, env: dict[str, str], url: str, endpoint: str
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], set[str]]:
-    work = job.root
-    aws_env = {**env, "AWS_CONFIG_FILE": str(work / "no-aws-config")}
+    base_env = env
     notes: set[str] = set()
+
+    def fresh(tag: str) -> dict[str, str]:
+        """The environment of one pod: its own empty TMPDIR."""
+        tmp = work / f"tmp-{tag}-{time.monotonic_ns()}"
+        tmp.mkdir()
+        return {**base_env, "TMPDIR": str(tmp), "AWS_CONFIG_FILE": str(work / "no-aws-config")}
 
     def train_command(cache: Path, out: Path) -> list[str]:
         command = [sys.executable, str(TRAIN_JOB), "--spec", str(job.spec), "--weights", str(job.weights)]
@@ -163,20 +178,23 @@ def race(
     def cold(tag: str) -> float:
         cache, out = work / f"cold-{tag}", work / f"cold-{tag}.json"
         cache.mkdir()
+        env = fresh(tag)
         started = time.time()
         run(train_command(cache, out), env)
         return first_step(out, started, warm=False)
 
     def aws_then_train(tag: str) -> float:
         cache, out = work / f"synced-{tag}", work / f"synced-{tag}.json"
+        env = fresh(tag)
         started = time.time()
         sync = [ns.aws, "s3", "sync", f"s3://{BUCKET}/{SYNCED}", str(cache), "--endpoint-url", endpoint]
-        run([*sync, "--only-show-errors"], aws_env)
+        run([*sync, "--only-show-errors"], env)
         run(train_command(cache, out), env)
         return first_step(out, started, warm=True)
 
     def warmup_exec(tag: str) -> float:
         cache, out = work / f"exec-{tag}", work / f"exec-{tag}.json"
+        env = fresh(tag)
         started = time.time()
         command = [
             sys.executable,
@@ -194,6 +212,7 @@ def race(
         return first_step(out, started, warm=True)
 
     def pull(tag: str) -> float:
+        env = fresh(tag)
         started = time.perf_counter()
         done = run(
             [
@@ -213,9 +232,10 @@ def race(
         return time.perf_counter() - started
 
     def aws_blobs(tag: str) -> float:
+        env = fresh(tag)
         started = time.perf_counter()
         sync = [ns.aws, "s3", "sync", f"s3://{BUCKET}/{PREFIX}/blobs", str(work / f"blobs-{tag}")]
-        run([*sync, "--endpoint-url", endpoint, "--only-show-errors"], aws_env)
+        run([*sync, "--endpoint-url", endpoint, "--only-show-errors"], env)
         return time.perf_counter() - started
 
     starts: dict[str, list[float]] = {COLD: [], AWS_TRAIN: [], EXEC: []}
