@@ -9,8 +9,9 @@ Call it before the trainer is built (before anything is compiled):
 It sets what the warm-up worker set when it compiled, the same way: the backend's cache
 environment (cache directory, compile key tag, Neuron flags and locks), the all-static shape
 policy, and Dynamo's recompile limits sized from the spec's plan. When the directory carries the
-manifest `warmup warm` writes (`trl-warmup.json`), the toolchain recorded there is compared with this
-process's and a difference raises ToolchainMismatchError naming the fields, instead of a silent miss.
+manifest `warmup warm` writes (`trl-warmup.json`), or the one `warmup pull` keeps, the toolchain recorded
+there is compared with this process's, computed exactly, and a difference raises ToolchainMismatchError
+naming the fields, instead of a silent miss or a wrong-cache hit.
 
 The returned `Activation` counts the compiles this process still does (`fresh_compiles()`).
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 from warmup.artifacts import MANIFEST_NAME
 from warmup.backends import Backend, CompileCounter, FreshCompiles, get_backend, recompile_limits
-from warmup.errors import NotWarmedError, SpecError
+from warmup.errors import NotWarmedError, SpecError, ToolchainMismatchError
 from warmup.spec import Spec, load_spec
 
 
@@ -68,6 +69,9 @@ def activate(
     backend = get_backend(spec.target.backend, spec.target.device)
     if check_toolchain:
         check_manifest_toolchain(cache, spec)
+        pulled = verify_pulled_toolchain(cache, spec)
+        if pulled is not None and pulled.differences:
+            raise pulled.error()
     size = plan_size if plan_size is not None else planned_size(spec)
     counter = backend.counter(cache)
     env = backend.configure_process(cache, size)
@@ -110,6 +114,60 @@ def read_manifest(cache_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not isinstance(manifest, dict):
         raise NotWarmedError(f"{path} is not a manifest (a JSON object); warm the directory again")
     return manifest
+
+
+@dataclass(frozen=True)
+class ToolchainCheck:
+    """A training process's exact toolchain against the one the cache in `cache_dir` was pulled for."""
+
+    cache_dir: Path
+    pulled: dict[str, Any]
+    actual: dict[str, Any]
+    differences: dict[str, tuple[Any, Any]]  # field -> (this process, pulled for)
+
+    def error(self) -> ToolchainMismatchError:
+        """What a training process raises rather than use a cache pulled for other facts."""
+        return ToolchainMismatchError(
+            self.differences,
+            what=f"toolchain the cache in {self.cache_dir} was pulled for (the facts a pod remembered or "
+            "predicted without computing them; this process computed them exactly)",
+            remedy="using it could load code compiled for another build or another CPU, so it is refused. "
+            "The remembered facts are corrected now: pull again (`warmup pull` / `warmup exec` fetch the "
+            "cache of this toolchain), or remove the directory to train without it",
+        )
+
+
+def verify_pulled_toolchain(cache_dir: str | os.PathLike[str], spec: Spec) -> ToolchainCheck | None:
+    """Compute this process's toolchain exactly and compare it with the one `warmup pull` used for
+    `cache_dir` (the pull may have remembered or predicted it: warmup.toolchain.resolve_toolchain).
+    None when no pull of this spec installed into `cache_dir`.
+
+    The exact facts are what the training process computes anyway: torch is imported, Inductor hashes
+    torch's sources and picks the CPU's vector ISA at its first compile (both cached in the process,
+    so this costs nothing more). They are remembered, correcting the image's memo and the pull's: a
+    stale or wrong memo costs one refused start, never a wrong-cache hit.
+    """
+    from warmup.client.local import read_local_manifest
+    from warmup.toolchain import Toolchain, current_toolchain, remember_in_image, remember_toolchain
+
+    cache = Path(cache_dir)
+    manifest = read_local_manifest(cache, spec.key())
+    if manifest is None:
+        return None
+    target = spec.target
+    world_size = int(os.environ.get("WORLD_SIZE") or target.world_size)
+    actual = current_toolchain(target.backend, target.device, world_size=world_size)
+    differences = actual.diff(Toolchain.model_validate(manifest.toolchain))
+    if "LOCAL_RANK" not in os.environ:  # a rank of torchrun sees other thread settings than its pod
+        remember_in_image(actual, world_size=world_size)
+        if differences and os.access(cache, os.W_OK):
+            remember_toolchain(cache, actual, world_size=world_size)
+    return ToolchainCheck(
+        cache_dir=cache,
+        pulled=manifest.toolchain,
+        actual=actual.model_dump(mode="json"),
+        differences=differences,
+    )
 
 
 def check_manifest_toolchain(cache_dir: Path, spec: Spec) -> None:

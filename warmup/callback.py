@@ -43,11 +43,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
+from warmup.diagnosis import Diagnosis, RunFacts, diagnose
+from warmup.errors import UnwarmedCompileError, WarmupError
+
+if TYPE_CHECKING:
+    from warmup.activation import ToolchainCheck
+
 log = logging.getLogger("warmup.callback")
+STRICT_ENV = "WARMUP_STRICT"  # `warmup exec --strict` sets it for the training process
 
 Shape = tuple[str, int, int]  # phase, batch, seq_len
 REPORT_NAME = "warmup-coverage.json"
@@ -71,6 +78,7 @@ class WarmupCallback(TrainerCallback):
         cache_dir: str | os.PathLike[str] | None = None,
         token: str | None = None,
         timeout_s: float = 10.0,
+        strict: bool | None = None,
     ) -> None:
         from warmup.spec import Spec, load_spec
 
@@ -106,6 +114,14 @@ class WarmupCallback(TrainerCallback):
         self._reported = False
         self.last_report: dict[str, Any] | None = None
         self.last_response: dict[str, Any] | None = None
+        # Strict: stop at once, rather than compile, when training meets a graph the cache does not hold.
+        self.strict = _flag(os.environ.get(STRICT_ENV)) if strict is None else strict
+        self._verified = False
+        self._toolchain_check: ToolchainCheck | None = None
+        self._warmed: set[str] | None = None  # signature keys the pulled cache holds (None: no pull seen)
+        self._facts = RunFacts()
+        self._why: dict[Shape, Diagnosis] = {}
+        self._refused: Shape | None = None
         self._planned, self._templates = self._plan()
 
     # --- the plan ---------------------------------------------------------------------------------
@@ -138,12 +154,16 @@ class WarmupCallback(TrainerCallback):
     # --- TrainerCallback events -------------------------------------------------------------------
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._output_dir = Path(args.output_dir) if getattr(args, "output_dir", None) else None
+        self._verify_toolchain()  # before counting: it may build Inductor's ISA probes in the cache dir
         self._start_counting()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        self._start_counting()
         self._output_dir = Path(args.output_dir) if getattr(args, "output_dir", None) else None
+        self._verify_toolchain()
+        self._start_counting()
         self._training, self._reported = True, False
+        self._facts = _run_facts(model, args)
         if not self._hooks:
             self._watch_models(model)
         atexit.register(self._report_at_exit)
@@ -158,7 +178,7 @@ class WarmupCallback(TrainerCallback):
             self._timed_steps += 1
             self._timed_seconds += time.perf_counter() - self._step_started
         self._step_started = None
-        self._settle()
+        self._settle(every_step=True)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._settle()
@@ -170,6 +190,91 @@ class WarmupCallback(TrainerCallback):
         self.report("completed")
 
     # --- observing --------------------------------------------------------------------------------
+
+    def _verify_toolchain(self) -> None:
+        """Compute this process's toolchain exactly and refuse a cache pulled for another one (the pod may
+        have remembered or predicted its facts: warmup.activation.verify_pulled_toolchain)."""
+        if self._verified:
+            return
+        self._verified = True
+        from warmup.activation import read_manifest, verify_pulled_toolchain
+        from warmup.client.local import read_local_manifest
+
+        manifest = read_local_manifest(self.cache_dir, self.spec.key())
+        self._warmed = set(manifest.signatures) if manifest is not None else None
+        if manifest is None:
+            try:  # a directory `warmup warm` filled (its toolchain is checked by `warmup.activate`)
+                warmed = read_manifest(self.cache_dir)
+            except WarmupError:
+                warmed = None
+            if warmed is not None and warmed.get("spec_key") == self.spec.key():
+                self._warmed = set(warmed.get("entries") or {})
+        if manifest is None and self._warmed is None:
+            if self.strict:
+                error = UnwarmedCompileError(
+                    f"strict: no cache of this spec was pulled into {self.cache_dir}, so every compile "
+                    "would be one that was not warmed: pull it first (`warmup exec --strict` does), or "
+                    "train without strict"
+                )
+                self.report("refused", error)
+                raise error
+            return
+        if manifest is None:
+            return
+        try:
+            self._toolchain_check = verify_pulled_toolchain(self.cache_dir, self.spec)
+        except WarmupError as error:  # this process cannot compute its toolchain: say so, go on
+            log.warning("trl-warmup: cannot check the toolchain of %s (%s)", self.cache_dir, error)
+            return
+        if self._toolchain_check is not None and self._toolchain_check.differences:
+            mismatch = self._toolchain_check.error()
+            self.report("refused", mismatch)
+            raise mismatch
+
+    def _signature_for(self, shape: Shape) -> Any:
+        """The planned signature of `shape`, else one built from the phase's planned one, else None."""
+        signature = self._planned.get(shape)
+        if signature is None and shape[0] in self._templates:
+            signature = self._templates[shape[0]].model_copy(update={"batch": shape[1], "seq_len": shape[2]})
+        return signature
+
+    def _is_warm(self, signature: Any) -> bool:
+        return signature.compile == "eager" or (self._warmed is not None and signature.key() in self._warmed)
+
+    def _diagnose(self, shape: Shape) -> Diagnosis:
+        """Why `shape` compiles or would: the nearest warmed signature and the fields that differ."""
+        warmed = [s for s in self._planned.values() if self._warmed is not None and s.key() in self._warmed]
+        check = self._toolchain_check
+        diagnosis = diagnose(
+            shape,
+            self._signature_for(shape),
+            warmed,
+            self._facts,
+            planned=shape in self._planned,
+            toolchain_differences=check.differences if check is not None else None,
+        )
+        self._why[shape] = diagnosis
+        return diagnosis
+
+    def _refuse_unwarmed(self, shape: Shape) -> None:
+        """Strict: raise before `shape` (or the reference pass TRL runs on it) compiles, unless warm."""
+        shapes = [shape]
+        if shape[0] == "train" and "ref" in self._templates and not self._watching_ref:
+            shapes.append(("ref", shape[1], shape[2]))
+        for candidate in shapes:
+            signature = self._signature_for(candidate)
+            if signature is not None and self._is_warm(signature):
+                continue
+            self._refuse(candidate, "was not warmed")
+
+    def _refuse(self, shape: Shape, what: str) -> None:
+        diagnosis = self._diagnose(shape)
+        self._refused = shape
+        error = UnwarmedCompileError(
+            f"strict: {_label(shape)} {what} and training stops rather than compile it: {diagnosis.sentence()}"
+        )
+        self.report("refused", error)
+        raise error
 
     def _start_counting(self) -> None:
         if self._counter is not None:
@@ -226,18 +331,24 @@ class WarmupCallback(TrainerCallback):
             return None
         try:
             shape = _shape_of(module, args, kwargs, torch.is_grad_enabled(), phase)
-            if shape is not None and shape not in self._met:
-                self._settle()  # what compiled until now belongs to the shapes met before this one
-                with self._lock:
-                    self._met[shape] = _Met(step=self._step)
-                    self._pending.add(shape)
         except Exception as error:  # never let observing break a training step
             log.debug("trl-warmup: forward hook failed: %s", error)
+            return None
+        if shape is None or shape in self._met:
+            return None
+        self._settle()  # what compiled until now belongs to the shapes met before this one
+        with self._lock:
+            self._met[shape] = _Met(step=self._step)
+            self._pending.add(shape)
+        if self.strict and self._reported is False:
+            self._refuse_unwarmed(shape)  # raises: the forward does not run, nothing compiles
         return None
 
-    def _settle(self) -> None:
-        """Attribute the compiles since the last check to the shapes first met since then."""
-        if not self._pending or self._counter is None:
+    def _settle(self, *, every_step: bool = False) -> None:
+        """Attribute the compiles since the last check to the shapes first met since then. Strict, at
+        every step: a compile the cache should have spared (a warmed shape, or a recompile of a shape
+        already met) stops training."""
+        if self._counter is None or not (self._pending or (every_step and self.strict)):
             return
         try:
             total = self._counter.fresh().total
@@ -253,12 +364,22 @@ class WarmupCallback(TrainerCallback):
         for shape in sorted(pending):
             self._met[shape].compiled = True
             self._warn_once(shape)
+        if self.strict and not self._reported:
+            if pending:
+                self._refuse(sorted(pending)[0], "compiled although the cache holds it")
+            recompiled = UnwarmedCompileError(
+                f"strict: training compiled again at step {self._step} with no new shape (a recompile the "
+                "plan does not foresee: a guard failed, or the graph broke); training stops"
+            )
+            self.report("refused", recompiled)
+            raise recompiled
 
     def _warn_once(self, shape: Shape) -> None:
         if shape in self._warned:
             return
         self._warned.add(shape)
         label = _label(shape)
+        diagnosis = self._diagnose(shape)
         if shape not in self._planned:
             then = (
                 "it is reported to the service, which warms it for the next run"
@@ -267,16 +388,25 @@ class WarmupCallback(TrainerCallback):
             )
             log.warning(
                 "trl-warmup: %s compiled during training and the plan of this spec did not list it "
-                "(the data reaches a shape the spec's data facts do not): %s",
+                "(the data reaches a shape the spec's data facts do not): %s; %s",
                 label,
                 then,
+                diagnosis.sentence(),
+            )
+        elif not diagnosis.warmed:
+            log.warning(
+                "trl-warmup: %s was planned but compiled during training: the cache in %s does not hold it "
+                "(pulled with --allow-partial, or not pulled); %s",
+                label,
+                self.cache_dir,
+                diagnosis.sentence(),
             )
         else:
             log.warning(
-                "trl-warmup: %s was planned but compiled during training: the cache in %s does not hold it "
-                "(pulled with --allow-partial, or not pulled)",
+                "trl-warmup: %s compiled during training although the cache in %s holds it: %s",
                 label,
                 self.cache_dir,
+                diagnosis.sentence(),
             )
 
     # --- the report -------------------------------------------------------------------------------
@@ -293,17 +423,14 @@ class WarmupCallback(TrainerCallback):
             if shape[0] == "train" and "ref" in self._templates and not self._watching_ref:
                 observed.setdefault(("ref", shape[1], shape[2]), seen)
         for shape, seen in sorted(observed.items()):
-            signature = self._planned.get(shape)
-            if signature is None and shape[0] in self._templates:
-                signature = self._templates[shape[0]].model_copy(
-                    update={"batch": shape[1], "seq_len": shape[2]}
-                )
+            signature = self._signature_for(shape)
             if signature is None:
                 unmatched.append(_label(shape))
                 continue
             key = signature.key()
             met[key] = None
-            if seen.compiled and signature.compile != "eager":
+            # A refused shape did not compile, but training needs it: the service warms it for next time.
+            if (seen.compiled or shape == self._refused) and signature.compile != "eager":
                 missed[key] = signature.model_dump(mode="json")
         details: dict[str, Any] = {
             "status": status,
@@ -324,6 +451,20 @@ class WarmupCallback(TrainerCallback):
             details["new_files_first"] = list(fresh.new_files[:MAX_LISTED_FILES])
         if self._timed_steps:
             details["timed_steps"] = {"count": self._timed_steps, "seconds": round(self._timed_seconds, 6)}
+        if self._why:
+            details["why"] = {
+                _label(shape): diagnosis.as_json() for shape, diagnosis in sorted(self._why.items())
+            }
+        check = self._toolchain_check
+        if check is not None and check.differences:
+            details["toolchain_mismatch"] = {
+                name: {"here": here, "pulled": pulled}
+                for name, (here, pulled) in sorted(check.differences.items())
+            }
+        if self.strict:
+            details["strict"] = True
+        if self._refused is not None:
+            details["refused"] = _label(self._refused)
         if error:
             details["error"] = error[:2000]
         return {
@@ -449,6 +590,31 @@ def _innermost(module: Any) -> Any:
             return module
         module = inner
     return module
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _run_facts(model: Any, args: Any) -> RunFacts:
+    """The graph-relevant settings of the model training runs, as the signature names them."""
+    try:
+        parameters = list(model.parameters()) if model is not None else []
+    except Exception:  # not a torch module: nothing observed
+        parameters = []
+    dtype = str(parameters[0].dtype).removeprefix("torch.") if parameters else None
+    trainable = sum(1 for p in parameters if p.requires_grad)
+    autocast = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else None
+    return RunFacts(
+        dtype=dtype,
+        autocast=autocast,
+        gradient_checkpointing=_optional_bool(getattr(model, "is_gradient_checkpointing", None)),
+        frozen=(trainable < len(parameters)) if parameters else None,
+    )
+
+
+def _optional_bool(value: Any) -> bool | None:
+    return None if value is None else bool(value)
 
 
 def _label(shape: Shape) -> str:

@@ -79,13 +79,17 @@ class MissingDependencyError(WarmupError):
 class ToolchainMismatchError(WarmupError):
     """Two toolchains differ where a cache hit needs them equal; names each differing field."""
 
-    def __init__(self, differences: dict[str, tuple[object, object]], *, what: str = "toolchain") -> None:
+    def __init__(
+        self,
+        differences: dict[str, tuple[object, object]],
+        *,
+        what: str = "toolchain",
+        remedy: str = "warm the cache from a worker with this environment, "
+        "or run training in the environment the cache was built for",
+    ) -> None:
         self.differences = differences
         detail = ", ".join(f"{k}: {a!r} here vs {b!r} in the cache" for k, a, b in _triples(differences))
-        super().__init__(
-            f"{what} mismatch ({detail}); warm the cache from a worker with this environment, "
-            "or run training in the environment the cache was built for"
-        )
+        super().__init__(f"{what} mismatch ({detail}); {remedy}")
 
 
 def _triples(differences: dict[str, tuple[object, object]]) -> Iterator[tuple[str, object, object]]:
@@ -195,6 +199,13 @@ class PartlyWarmedError(WarmupError):
             + (" ..." if len(missing) > 10 else "")
             + "; wait for the warm-up (--wait) or install what exists (--allow-partial)"
         )
+
+
+class UnwarmedCompileError(WarmupError):
+    """Strict mode (`warmup exec --strict`, `WarmupCallback(strict=True)`): training met a graph the
+    cache does not hold, and stops rather than compile it."""
+
+    exit_code = 3
 
 
 class WarmupFailedError(WarmupError):

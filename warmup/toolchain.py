@@ -524,7 +524,8 @@ def image_memo_toolchain(
 
     memo = _read_image_memo(image_memo_path())
     build_key = _facts_key(build)
-    exact = memo["exact"].get(_facts_key(build, machine_facts))
+    machines = memo["exact"].get(build_key)
+    exact = machines.get(_facts_key(machine_facts)) if isinstance(machines, dict) else None
     if exact is not None:
         try:
             return Toolchain.model_validate(exact), "exact"
@@ -560,7 +561,9 @@ def remember_in_image(toolchain: Toolchain, *, world_size: int = 1) -> Path | No
     """Remember `toolchain`, computed exactly in this process, in the image's memo: its software facts
     under the install's facts, and the whole of it under the install's and this machine's. Inductor's
     CPU ISA candidates (each with the kernel flags it needs) go with it, so that another machine's
-    ISA can be predicted. Returns the memo's path, or None when no memo can be written here."""
+    ISA can be predicted. Entries of the same install whose software facts differ from these were
+    stale (a torch changed in place, a memo copied from another image): they are dropped. Returns the
+    memo's path, or None when no memo can be written here."""
     if toolchain.device == "neuron":
         return None
     path = image_memo_path(for_writing=True)
@@ -574,8 +577,17 @@ def remember_in_image(toolchain: Toolchain, *, world_size: int = 1) -> Path | No
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         memo = _read_image_memo(path)
-        memo["builds"][_facts_key(build)] = entry
-        memo["exact"][_facts_key(build, machine_facts)] = document
+        build_key = _facts_key(build)
+        memo["builds"][build_key] = entry
+        machines = memo["exact"].get(build_key)
+        machines = machines if isinstance(machines, dict) else {}
+        machines = {
+            key: other
+            for key, other in machines.items()
+            if isinstance(other, dict) and all(other.get(name) == document[name] for name in BUILD_FIELDS)
+        }
+        machines[_facts_key(machine_facts)] = document
+        memo["exact"][build_key] = machines
         _write_json(path, memo)
     except OSError:
         return None

@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", required=True, help="bucket bounds, a,b,...")
     parser.add_argument("--max-tokens", type=int, required=True)
     parser.add_argument("--fail-at-step", type=int)
+    parser.add_argument(
+        "--no-callback", action="store_true", help="a script that does not add WarmupCallback itself"
+    )
     ns = parser.parse_args(argv)
 
     import trl
@@ -41,9 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import TrainerCallback
 
     from warmup.callback import WarmupCallback
+    from warmup.spec import load_spec
 
-    callback = WarmupCallback()  # spec and server from the environment `warmup exec` sets
-    spec = callback.spec
+    callback = None if ns.no_callback else WarmupCallback()  # spec and server from what exec sets
+    spec = callback.spec if callback is not None else load_spec(json.loads(os.environ["WARMUP_SPEC"]))
     out = Path(ns.out)
     args = trl.SFTConfig(
         **spec.args,
@@ -67,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"the user's training failed at step {state.global_step + 1}")
 
     trainer = trl.SFTTrainer(
-        model=ns.weights, args=args, train_dataset=Dataset.from_list(data), callbacks=[callback, Failing()]
+        model=ns.weights,
+        args=args,
+        train_dataset=Dataset.from_list(data),
+        callbacks=[c for c in (callback, Failing()) if c is not None],
     )
     collator = trainer.data_collator
 
@@ -84,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "shapes": shapes,
-        "report": callback.last_report,
-        "response": callback.last_response,
+        "report": callback.last_report if callback is not None else None,
+        "response": callback.last_response if callback is not None else None,
         "recompile_limit": torch._dynamo.config.recompile_limit,
         "accumulated_recompile_limit": torch._dynamo.config.accumulated_recompile_limit,
         "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),

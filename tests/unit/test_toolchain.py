@@ -303,7 +303,7 @@ def test_a_fresh_pod_finds_its_toolchain_in_the_images_memo_without_importing_to
 
     assert fresh_pod() == ["exact", exact.key(), False]
     data = json.loads(memo.read_text())
-    data["exact"] = {}
+    data["exact"] = {}  # a machine the image's memo has not seen
     memo.write_text(json.dumps(data))
     assert fresh_pod() == ["predicted", exact.key(), False]
     # Another install (here: a compile-relevant variable) is not the image's: computed, then remembered.

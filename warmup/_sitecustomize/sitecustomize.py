@@ -6,7 +6,9 @@ is first imported (torch imports it lazily, at the first `torch.compile`), it ra
 `recompile_limit` and `accumulated_recompile_limit` to WARMUP_RECOMPILE_LIMIT and
 WARMUP_ACCUMULATED_RECOMPILE_LIMIT, as `warmup.activate` does; past the default of 8 shapes, Dynamo
 would otherwise run new shapes eager without a word. The rest of the compile policy (cache directory,
-key tag, static shapes) is plain environment, set by `warmup exec` itself.
+key tag, static shapes) is plain environment, set by `warmup exec` itself. Under `warmup exec --strict`
+(WARMUP_STRICT=1) a second hook gives every transformers Trainer a strict `WarmupCallback` when the
+script did not add one: the callback is what stops a run that meets a graph the cache does not hold.
 
 It then runs the `sitecustomize` that was next on the path, if any, so that an image's own
 customisation still runs. Standard library only, and nothing here may stop the process from starting.
@@ -41,11 +43,42 @@ def _raise_limits(config: ModuleType) -> None:
             setattr(config, name, wanted)
 
 
+def _strict_trainers(module: ModuleType) -> None:
+    """Under `warmup exec --strict` (WARMUP_STRICT), every transformers Trainer gets a WarmupCallback
+    (unless it has one): the callback is what stops a run that meets an unwarmed graph."""
+    trainer = getattr(module, "Trainer", None)
+    if trainer is None:
+        return
+    init = trainer.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        from warmup.callback import WarmupCallback
+
+        given = kwargs.get("callbacks") or ()
+        # Built before the trainer: planning the spec goes through TRL's config classes, which reset
+        # accelerate's state, so it must not run once the trainer has made its accelerator.
+        callback = None if any(isinstance(c, WarmupCallback) for c in given) else WarmupCallback(strict=True)
+        init(self, *args, **kwargs)
+        handler = getattr(self, "callback_handler", None)
+        present = handler is None or any(isinstance(c, WarmupCallback) for c in handler.callbacks)
+        if callback is not None and not present:
+            self.add_callback(callback)  # verifies and counts from on_train_begin
+
+    trainer.__init__ = __init__
+
+
+AFTER_IMPORT = {TARGET: _raise_limits, "transformers.trainer": _strict_trainers}
+
+
 class _LimitsHook(importlib.abc.MetaPathFinder):
-    """Finds torch._dynamo.config as the path finder would, and raises the limits once it has run."""
+    """Finds the modules of AFTER_IMPORT as the path finder would, and runs its function on each once it
+    has run: Dynamo's limits are raised, and under --strict each Trainer gets the callback."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != TARGET:
+        if name not in self.names:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         loader = getattr(spec, "loader", None)
@@ -56,9 +89,9 @@ class _LimitsHook(importlib.abc.MetaPathFinder):
         def exec_module(module: ModuleType) -> None:
             run(module)
             try:
-                _raise_limits(module)
-            except Exception as error:  # never break torch's import
-                print(f"trl-warmup: could not raise Dynamo's recompile limits: {error}", file=sys.stderr)
+                AFTER_IMPORT[name](module)
+            except Exception as error:  # never break torch's (or transformers') import
+                print(f"trl-warmup: could not set up {name}: {error}", file=sys.stderr)
 
         loader.exec_module = exec_module
         return spec
@@ -77,6 +110,11 @@ def _run_next_sitecustomize() -> None:
         print(f"trl-warmup: the sitecustomize in {spec.origin} failed: {error!r}", file=sys.stderr)
 
 
+_hooked = set()
 if any(variable in os.environ for variable in LIMITS.values()) and TARGET not in sys.modules:
-    sys.meta_path.insert(0, _LimitsHook())
+    _hooked.add(TARGET)
+if os.environ.get("WARMUP_STRICT") == "1" and "transformers.trainer" not in sys.modules:
+    _hooked.add("transformers.trainer")
+if _hooked:
+    sys.meta_path.insert(0, _LimitsHook(_hooked))
 _run_next_sitecustomize()

@@ -41,6 +41,12 @@ MISS_COUNTERS = (
 )
 
 
+def cpu_key_tag(cpu_isa: str, threads: int) -> str:
+    """Inductor's TORCH_COMPILE_CACHE_KEY_TAG on CPU: the vector ISA and the thread count (neither is in
+    Inductor's own key; docs/compile-caches.md section 3)."""
+    return f"{KEY_TAG_PREFIX};isa={cpu_isa.replace(' ', '+')};threads={threads}"
+
+
 class InductorBackend:
     name = "inductor"
     cache_env_var = "TORCHINDUCTOR_CACHE_DIR"
@@ -66,13 +72,14 @@ class InductorBackend:
 
         from warmup.toolchain import cpu_vec_isa
 
-        isa = cpu_vec_isa().replace(" ", "+")
-        return f"{KEY_TAG_PREFIX};isa={isa};threads={torch.get_num_threads()}"
+        return cpu_key_tag(cpu_vec_isa(), torch.get_num_threads())
 
-    def env(self, cache_dir: str | Path, plan_size: int) -> dict[str, str]:
+    def env(self, cache_dir: str | Path, plan_size: int, *, key_tag: str | None = None) -> dict[str, str]:
+        """`key_tag`: the tag from toolchain facts already known exactly (a pod's `warmup exec`), so that
+        this process need not import torch and probe the CPU again; else computed here."""
         return {
             self.cache_env_var: str(Path(cache_dir).absolute()),
-            "TORCH_COMPILE_CACHE_KEY_TAG": self.key_tag(),
+            "TORCH_COMPILE_CACHE_KEY_TAG": key_tag or self.key_tag(),
             "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
             "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
             # accelerate passes dynamic=False to torch.compile: one static graph per shape, in any order

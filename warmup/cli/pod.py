@@ -53,6 +53,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_pull_options(exec_)
     options_only = argparse.ArgumentParser(prog="warmup exec", add_help=False)
     add_pull_options(options_only)
+    for parser in (exec_, options_only):
+        parser.add_argument(
+            "--strict",
+            action="store_true",
+            help="fail closed: the training process stops at once, with the signature and the reason, "
+            "when it meets a graph the cache does not hold, instead of compiling it (production runs where "
+            "a surprise compile costs more than a failed start)",
+        )
     for action in exec_._actions:  # the spec options (--trainer, --side, --dataset, ...) may follow SPEC too
         if action.option_strings and action.dest in SPEC_OPTION_DESTS:
             extra = {"nargs": action.nargs, "const": action.const} if action.nargs == "?" else {}
@@ -296,7 +304,9 @@ def child_environment(spec: Any, result: Any, server: str | None = None) -> dict
     from warmup._sitecustomize import DIRECTORY
     from warmup.backends import recompile_limits
 
-    env = training_process_environment(result.manifest, result.dest, spec.target.world_size)
+    env = training_process_environment(
+        result.manifest, result.dest, spec.target.world_size, getattr(result, "toolchain_source", "")
+    )
     limit, accumulated = recompile_limits(result.manifest.plan_size)
     env["WARMUP_RECOMPILE_LIMIT"] = str(limit)
     env["WARMUP_ACCUMULATED_RECOMPILE_LIMIT"] = str(accumulated)
@@ -308,11 +318,29 @@ def child_environment(spec: Any, result: Any, server: str | None = None) -> dict
     return env
 
 
-def training_process_environment(manifest: Manifest, dest: Any, world_size: int) -> dict[str, str]:
+def training_process_environment(
+    manifest: Manifest, dest: Any, world_size: int, toolchain_source: str = ""
+) -> dict[str, str]:
     """The backend's environment as each training process computes it (`warmup.activate` does it in
-    the process). On CPU, Inductor's key tag carries the thread count, and under torchrun each of
-    `world_size` processes gets OMP_NUM_THREADS threads (1 when unset): compute it with that count.
-    This process is about to exit or exec, so changing its thread count changes nothing else."""
+    the process). On CPU, Inductor's key tag carries the vector ISA and the thread count. When the pull's
+    toolchain holds them exactly (computed here, or remembered for a machine with the same CPU flags,
+    cores and compiler), the tag is made from them: no torch import, no ISA probe on the way to the
+    training command. A predicted toolchain is not trusted with it: the tag is computed (so that a
+    wrong prediction can cost a miss, never a hit of code built for another ISA). Under torchrun each of
+    `world_size` processes gets OMP_NUM_THREADS threads (1 when unset): the tag is computed with that
+    count. This process is about to exit or exec, so changing its thread count changes nothing else."""
+    facts = manifest.toolchain
+    if (
+        manifest.backend == "inductor"
+        and manifest.device == "cpu"
+        and toolchain_source in ("computed", "exact", "remembered")
+        and isinstance(facts.get("cpu_isa"), str)
+        and isinstance(facts.get("num_threads"), int)
+    ):
+        from warmup.backends.inductor import InductorBackend, cpu_key_tag
+
+        tag = cpu_key_tag(facts["cpu_isa"], facts["num_threads"])
+        return InductorBackend("cpu").env(str(dest), manifest.plan_size, key_tag=tag)
     if manifest.backend == "inductor" and manifest.device == "cpu" and world_size > 1:
         import torch
 
@@ -331,6 +359,8 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     spec = load_spec_from_args(ns)
     result = _pull_or_installed(ns, spec)
     env = {**os.environ, **child_environment(spec, result, _server(ns))}
+    if ns.strict:  # read by WarmupCallback, which warmup/_sitecustomize adds to every Trainer under --strict
+        env["WARMUP_STRICT"] = "1"
     print(f"exec: {shlex.join(ns.argv)}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     try:
