@@ -156,3 +156,46 @@ def test_the_rehearsal_generates_through_transformers_where_vllm_cannot_run(mode
     unit = RehearsalUnit(index=0, kind="train", batch=2, seq_len=32, signatures=[])
     config = build_config(RunJob(spec, [unit], tmp_path / "cache", tmp_path / "work", 1))
     assert config.use_vllm is False
+
+
+def test_compiled_old_log_probs_of_a_vllm_job_are_refused_where_vllm_cannot_run(model, tmp_path):
+    """On Neuron the old log-probs compile; without vLLM the rehearsal would not produce them (GRPO computes
+    them every round only for vLLM's importance sampling): refused, never published as warmed."""
+    from warmup.errors import RehearsalError
+    from warmup.rehearsal.drivers import RunJob, _refuse_old_logps_without_vllm, build_config
+    from warmup.rehearsal.units import RehearsalUnit
+    from warmup.signature import Signature
+
+    spec = load_spec(
+        {
+            "trainer": "grpo",
+            "model": model(),
+            "args": {
+                "use_vllm": True,
+                "num_generations": 2,
+                "per_device_train_batch_size": 2,
+                "use_cpu": True,
+            },
+            "target": CPU,
+        }
+    )
+
+    def unit(compile_label: str) -> RehearsalUnit:
+        old = Signature(
+            phase="old_logps",
+            batch=2,
+            seq_len=32,
+            trainer="grpo",
+            model="m",
+            dtype="float32",
+            compile=compile_label,
+        )
+        return RehearsalUnit(index=0, kind="train", batch=2, seq_len=32, signatures=[old])
+
+    job = RunJob(spec, [unit("neuron")], tmp_path / "cache", tmp_path / "work", 1)
+    config = build_config(job)
+    with pytest.raises(RehearsalError, match="importance-sampling"):
+        _refuse_old_logps_without_vllm(job, config)
+    _refuse_old_logps_without_vllm(
+        RunJob(spec, [unit("eager")], tmp_path, tmp_path, 1), config
+    )  # nothing to warm

@@ -408,6 +408,19 @@ def build_config(job: RunJob) -> Any:
         raise RehearsalError(f"TRL refused the job's config on this machine: {error}") from None
 
 
+def _refuse_old_logps_without_vllm(job: RunJob, config: Any) -> None:
+    """With vLLM's importance-sampling correction GRPO computes old log-probs every round; generating through
+    transformers it does so only when the accumulation asks. A compiled old_logps signature (Neuron) that the
+    run would not produce must not be published as warmed."""
+    compiled = any(s.phase == "old_logps" and s.compile != "eager" for u in job.units for s in u.signatures)
+    generate_every = getattr(config, "steps_per_generation", 1) * getattr(config, "num_iterations", 1)
+    if compiled and config.gradient_accumulation_steps % generate_every == 0:
+        raise RehearsalError(
+            "the job's old log-probs come from vLLM's importance-sampling correction, which a rehearsal without "
+            "vLLM does not run: install vLLM on the worker (colocate mode) to warm them"
+        )
+
+
 def vllm_rehearsable(mode: str) -> bool:
     """Whether a rehearsal can run the job's vLLM generation itself: colocate mode, vLLM installed here.
 
@@ -429,6 +442,8 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
     if job.unit.kind == "eval" and len(job.units) > 1:
         raise RehearsalError("an evaluation is rehearsed alone, one per run")
     config = build_config(job)
+    if spec.args.get("use_vllm") and not getattr(config, "use_vllm", False):
+        _refuse_old_logps_without_vllm(job, config)
     if getattr(config, "use_vllm", False):
         import os
 
