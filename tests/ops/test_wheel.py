@@ -39,7 +39,7 @@ def test_the_installed_wheel_migrates_a_database_with_its_own_migrations(tmp_pat
     pip("install", "--quiet", "--no-deps", "--target", str(installed), str(wheel))
     assert (installed / "warmup" / "db" / "migrations" / "versions").is_dir()
     assert not (installed / "warmup" / "db" / "migrations").is_symlink()  # the files, not the link
-    assert any((installed / "warmup" / "__pycache__").glob("client.*.pyc"))  # compiled by pip
+    assert any((installed / "warmup" / "client" / "__pycache__").glob("pulling.*.pyc"))  # compiled by pip
 
     # Away from the checkout, with the installed package first on the path (its dependencies come
     # from this environment).
