@@ -83,6 +83,7 @@ def server():
     flaky = FlakyServer()
     yield flaky
     flaky.httpd.shutdown()
+    flaky.httpd.server_close()  # shutdown() stops the loop; the listening socket needs closing too
 
 
 def manifest_of(files: list[ManifestFile]) -> Manifest:
@@ -175,6 +176,7 @@ def test_the_api_client_follows_no_redirect_so_its_token_stays_with_the_service(
             service.job("j1")
     finally:
         redirecting.shutdown()
+        redirecting.server_close()
     assert server.headers == []  # the redirect's target was never asked, with or without the token
 
 

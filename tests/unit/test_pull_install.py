@@ -67,6 +67,7 @@ def server():
     blob_server = BlobServer()
     yield blob_server
     blob_server.httpd.shutdown()
+    blob_server.httpd.server_close()  # shutdown() stops the loop; the listening socket needs closing too
 
 
 def manifest_of(files: list[ManifestFile]) -> Manifest:
