@@ -59,7 +59,10 @@ def activate(
     spec is planned). Raises NotWarmedError when `cache_dir` does not exist, ToolchainMismatchError
     when it was warmed under another toolchain.
     """
+    from warmup.client.background import wait_for_pull
+
     spec = spec_or_path if isinstance(spec_or_path, Spec) else load_spec(_as_source(spec_or_path))
+    wait_for_pull()  # under `warmup exec`, the cache may still be downloading beside this process
     cache = Path(cache_dir).expanduser().absolute()
     if not cache.is_dir():
         raise NotWarmedError(

@@ -198,7 +198,14 @@ class WarmupCallback(TrainerCallback):
             return
         self._verified = True
         from warmup.activation import read_manifest, verify_pulled_toolchain
+        from warmup.client.background import wait_for_pull
         from warmup.client.local import read_local_manifest
+
+        try:
+            wait_for_pull()  # under `warmup exec`, the cache may still be downloading beside this process
+        except WarmupError as error:
+            self.report("refused", error)
+            raise
 
         manifest = read_local_manifest(self.cache_dir, self.spec.key())
         self._warmed = set(manifest.signatures) if manifest is not None else None

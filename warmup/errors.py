@@ -201,6 +201,13 @@ class PartlyWarmedError(WarmupError):
         )
 
 
+class BackgroundPullError(WarmupError):
+    """The download `warmup exec` ran beside the training command's start failed: the training process
+    stops before its first compile, as `warmup exec` stopped before starting it when the pull was first."""
+
+    exit_code = 3
+
+
 class UnwarmedCompileError(WarmupError):
     """Strict mode (`warmup exec --strict`, `WarmupCallback(strict=True)`): training met a graph the
     cache does not hold, and stops rather than compile it."""

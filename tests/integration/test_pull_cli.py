@@ -449,3 +449,45 @@ def test_coverage_shows_a_jobs_reports(api_url, services, spec_file, pod_toolcha
     assert as_json[0]["missed"] == [missed.key()]
     unknown = warmup("coverage", "00000000-0000-0000-0000-000000000000", "--server", api_url)
     assert unknown.returncode == 1 and "no warm-up job" in unknown.stderr
+
+
+# The training command's part, under `warmup exec`: it says it is ready to compile once torch is
+# imported (the blob server holds the files back until then), then compiles; a compile-start callback
+# of its own, registered after the one warmup/_sitecustomize installs, sees whether the file is there.
+COMPILING_CHILD = """
+import json, pathlib, sys, torch, torch._dynamo.callback as cb
+dest, ready = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+seen = []
+cb.callback_handler.register_start_callback(lambda args: seen.append((dest / "fine/entry.bin").exists()))
+ready.touch()
+torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
+print(json.dumps({"installed_at_first_compile": seen[0]}))
+"""
+
+
+@pytest.mark.parametrize("blob_is_true", [True, False])
+def test_exec_downloads_beside_the_command_and_its_first_compile_waits_for_the_files(
+    blob_is_true, spec_file, pod_toolchain, tmp_path
+):
+    spec = load_spec(spec_file)
+    blob = b"compiled code"
+    manifest = hostile_manifest(spec, pod_toolchain, "fine/entry.bin", blob)
+    ready, dest = tmp_path / "ready-to-compile", tmp_path / "cache"
+    sha = manifest["files"][0]["sha256"]
+    state = HostileService(manifest, blobs={sha: blob}, hold_until=ready)
+    if not blob_is_true:
+        state.lies[sha] = b"other code!!!"
+    with hostile_service(state) as server:
+        ran = warmup(
+            "exec", spec_file, "--server", server.url, "--dest", dest, "--",
+            sys.executable, "-c", COMPILING_CHILD, dest, ready,
+        )  # fmt: skip
+    if blob_is_true:
+        assert ran.returncode == 0, ran.stderr
+        assert json.loads(ran.stdout.strip().splitlines()[-1]) == {"installed_at_first_compile": True}
+        assert "(beside the training command's start)" in ran.stderr
+        assert (dest / "fine" / "entry.bin").read_bytes() == blob
+    else:  # the training process stops at its first compile, with the download's cause
+        assert ran.returncode != 0 and "installed_at_first_compile" not in ran.stdout
+        assert "BackgroundPullError" in ran.stderr and "sha256" in ran.stderr, ran.stderr
+        assert cache_files(dest) == set()

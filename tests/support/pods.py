@@ -12,6 +12,7 @@ import hashlib
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -100,6 +101,7 @@ class HostileService:
     blob_requests: int = 0
     bytes_sent: int = 0
     url: str = ""
+    hold_until: Path | None = None  # blobs are answered once this file exists (a slow download)
 
 
 @contextmanager
@@ -123,6 +125,11 @@ def hostile_service(state: HostileService) -> Iterator[HostileService]:
 
         def do_GET(self) -> None:
             state.blob_requests += 1
+            deadline = time.monotonic() + 120
+            while (
+                state.hold_until is not None and not state.hold_until.exists() and time.monotonic() < deadline
+            ):
+                time.sleep(0.05)
             key = self.path.rsplit("/", 1)[-1]
             if key in state.endless:  # the client must stop reading, not fill the disk
                 self._send_endless()

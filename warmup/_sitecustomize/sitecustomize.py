@@ -9,6 +9,8 @@ would otherwise run new shapes eager without a word. The rest of the compile pol
 key tag, static shapes) is plain environment, set by `warmup exec` itself. Under `warmup exec --strict`
 (WARMUP_STRICT=1) a second hook gives every transformers Trainer a strict `WarmupCallback` when the
 script did not add one: the callback is what stops a run that meets a graph the cache does not hold.
+When `warmup exec` downloads the cache beside the command (WARMUP_PULL_OUTCOME), a third hook makes
+Dynamo's first compile wait for the download (warmup/client/background.py).
 
 It then runs the `sitecustomize` that was next on the path, if any, so that an image's own
 customisation still runs. Standard library only, and nothing here may stop the process from starting.
@@ -67,7 +69,24 @@ def _strict_trainers(module: ModuleType) -> None:
     trainer.__init__ = __init__
 
 
-AFTER_IMPORT = {TARGET: _raise_limits, "transformers.trainer": _strict_trainers}
+def _wait_for_the_cache(module: ModuleType) -> None:
+    """When `warmup exec` downloads the cache beside this process (WARMUP_PULL_OUTCOME), every Dynamo
+    compile first waits for the download to finish: no graph is compiled before its cached code is
+    there (warmup/client/background.py; a failed download raises there)."""
+
+    def wait(_args: Any) -> None:
+        from warmup.client.background import wait_for_pull
+
+        wait_for_pull()
+
+    module.callback_handler.register_start_callback(wait)
+
+
+AFTER_IMPORT = {
+    TARGET: _raise_limits,
+    "transformers.trainer": _strict_trainers,
+    "torch._dynamo.callback": _wait_for_the_cache,
+}
 
 
 class _LimitsHook(importlib.abc.MetaPathFinder):
@@ -115,6 +134,8 @@ if any(variable in os.environ for variable in LIMITS.values()) and TARGET not in
     _hooked.add(TARGET)
 if os.environ.get("WARMUP_STRICT") == "1" and "transformers.trainer" not in sys.modules:
     _hooked.add("transformers.trainer")
+if os.environ.get("WARMUP_PULL_OUTCOME") and "torch._dynamo.callback" not in sys.modules:
+    _hooked.add("torch._dynamo.callback")
 if _hooked:
     sys.meta_path.insert(0, _LimitsHook(_hooked))
 _run_next_sitecustomize()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmup.cli.common import SPEC_OPTION_DESTS, add_spec_arguments, load_spec_from_args
-from warmup.errors import WarmupError
+from warmup.errors import ServerUnreachableError, WarmupError
 from warmup.formatting import format_table
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     exec_ = sub.add_parser(
         "exec",
-        help="pull, then run a command with the cache environment and compile policy set",
+        help="pull, and run a command with the cache environment and compile policy set (the files download while it starts; its first compile waits for them)",
         usage="warmup exec SPEC (--server URL | --from s3://bucket/prefix) --dest DIR [options] -- CMD ...",
     )
     add_spec_arguments(exec_)
@@ -60,6 +60,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             help="fail closed: the training process stops at once, with the signature and the reason, "
             "when it meets a graph the cache does not hold, instead of compiling it (production runs where "
             "a surprise compile costs more than a failed start)",
+        )
+        parser.add_argument(
+            "--pull-first",
+            action="store_true",
+            help="install every file before the command starts (by default the files download while the "
+            "command starts, and its first compile waits for them)",
         )
     for action in exec_._actions:  # the spec options (--trainer, --side, --dataset, ...) may follow SPEC too
         if action.option_strings and action.dest in SPEC_OPTION_DESTS:
@@ -152,50 +158,72 @@ def cmd_pull(ns: argparse.Namespace) -> int:
 
 
 def _pull(ns: argparse.Namespace, spec: Any) -> Any:
-    from warmup.client import pull
+    """Install the cache of `spec` into --dest: the manifest, then every file, with a progress bar."""
+    progress = Progress(sys.stderr)
+    probes = _IsaProbes(spec, _dest(ns))
+    try:
+        with probes.building():
+            pending = _prepare(ns, spec, progress)
+        _say_what_the_pull_found(pending)
+        result = pending.run()
+        probes.keep()
+    finally:
+        probes.discard()
+    progress.done()
+    print(summary_line(result), file=sys.stderr)
+    return result
 
+
+def _prepare(ns: argparse.Namespace, spec: Any, progress: Progress | None) -> Any:
+    """The first half of a pull: this pod's toolchain and the manifest (warmup.client.prepare_pull)."""
+    from warmup.client import PullOptions, prepare_pull
+
+    options = PullOptions(
+        wait=ns.wait,
+        timeout=ns.timeout,
+        poll_interval=ns.poll,
+        parallel=ns.parallel,
+        on_progress=progress,
+        on_waiting=(progress or Progress(sys.stderr)).waiting,
+    )
+    return prepare_pull(
+        spec,
+        _dest(ns),
+        server=_server(ns),
+        source=ns.source,
+        allow_partial=ns.allow_partial,
+        options=options,
+    )
+
+
+def _dest(ns: argparse.Namespace) -> str:
     if not ns.dest:
         raise WarmupError("give the local cache directory to install into: --dest DIR")
     if not ns.source and not ns.server:
         raise WarmupError(
             "give the service URL (--server URL or WARMUP_SERVER) or the bucket (--from s3://bucket/prefix)"
         )
-    progress = Progress(sys.stderr)
-    with _isa_probes_into(spec, ns.dest):
-        result = pull(
-            spec,
-            ns.dest,
-            server=_server(ns),
-            source=ns.source,
-            allow_partial=ns.allow_partial,
-            wait=ns.wait,
-            timeout=ns.timeout,
-            poll_interval=ns.poll,
-            parallel=ns.parallel,
-            on_progress=progress,
-            on_waiting=progress.waiting,
-        )
-    progress.done()
-    print(summary_line(result), file=sys.stderr)
-    if result.toolchain_source == "computed" and spec.target.device != "neuron":
+    return str(ns.dest)
+
+
+def _say_what_the_pull_found(pending: Any) -> None:
+    if pending.toolchain_source == "computed" and pending.manifest.device != "neuron":
         print(
             "note: this pod computed its toolchain (torch imported, Inductor's ISA probes built): run "
             "`warmup toolchain --remember` once in the training image's build and every pod skips it",
             file=sys.stderr,
         )
-    if result.manifest.missing:
+    if pending.manifest.missing:
         print(
-            f"warning: {len(result.manifest.missing)} signature(s) are not warm yet (--allow-partial): "
+            f"warning: {len(pending.manifest.missing)} signature(s) are not warm yet (--allow-partial): "
             "training will compile them",
             file=sys.stderr,
         )
-    return result
 
 
-@contextlib.contextmanager
-def _isa_probes_into(spec: Any, dest: str) -> Iterator[None]:
-    """Build Inductor's CPU probe programs for DEST while the toolchain is computed, and move them into
-    DEST once the pull succeeded.
+class _IsaProbes:
+    """Inductor's CPU probe programs, built for DEST while the toolchain is computed, and moved into DEST
+    once the install succeeded.
 
     The first time a process picks its CPU vector ISA, Inductor builds small probe programs with g++
     into its cache directory (computing the toolchain does it). A process started with the cache
@@ -204,32 +232,48 @@ def _isa_probes_into(spec: Any, dest: str) -> Iterator[None]:
     in a staging directory, so that a failed pull still leaves DEST untouched (or in DEST itself when
     an earlier pull succeeded there, where they already are).
     """
-    if (spec.target.backend, spec.target.device) != ("inductor", "cpu"):
-        yield
-        return
-    from warmup.client import LOCAL_MANIFESTS_DIR
 
-    variable = "TORCHINDUCTOR_CACHE_DIR"
-    previous = os.environ.get(variable)
-    target = Path(dest).expanduser().resolve()
-    pulled_before = (target / LOCAL_MANIFESTS_DIR).is_dir()  # then the probes are there: no g++ again
-    staging = target if pulled_before else Path(tempfile.mkdtemp(prefix="warmup-isa-probes-"))
-    os.environ[variable] = str(staging)
-    try:
-        yield
-        probes = [] if pulled_before else [p for p in staging.rglob("*") if p.is_file()]
-        for probe in probes:
-            relative = probe.relative_to(staging)
-            if relative.parts[0] != "locks" and not (target / relative).exists():
-                (target / relative).parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(probe, target / relative)
-    finally:
-        if previous is None:
-            os.environ.pop(variable, None)
-        else:
-            os.environ[variable] = previous
-        if not pulled_before:
-            shutil.rmtree(staging, ignore_errors=True)
+    VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+
+    def __init__(self, spec: Any, dest: str) -> None:
+        from warmup.client import LOCAL_MANIFESTS_DIR
+
+        self.target = Path(dest).expanduser().resolve()
+        self.wanted = (spec.target.backend, spec.target.device) == ("inductor", "cpu")
+        self.pulled_before = (self.target / LOCAL_MANIFESTS_DIR).is_dir()  # the probes are there already
+        self.staging: Path | None = None
+        if self.wanted and not self.pulled_before:
+            self.staging = Path(tempfile.mkdtemp(prefix="warmup-isa-probes-"))
+
+    @contextlib.contextmanager
+    def building(self) -> Iterator[None]:
+        """Inductor's cache directory is the staging one (or DEST) while the toolchain is computed."""
+        if not self.wanted:
+            yield
+            return
+        previous = os.environ.get(self.VARIABLE)
+        os.environ[self.VARIABLE] = str(self.staging or self.target)
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(self.VARIABLE, None)
+            else:
+                os.environ[self.VARIABLE] = previous
+
+    def keep(self) -> None:
+        """Move the probes into DEST (the install succeeded)."""
+        if self.staging is None:
+            return
+        for probe in [p for p in self.staging.rglob("*") if p.is_file()]:
+            relative = probe.relative_to(self.staging)
+            if relative.parts[0] != "locks" and not (self.target / relative).exists():
+                (self.target / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(probe, self.target / relative)
+
+    def discard(self) -> None:
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def _server(ns: argparse.Namespace) -> str | None:
@@ -354,11 +398,22 @@ def training_process_environment(
 
 
 def cmd_exec(ns: argparse.Namespace) -> int:
+    from warmup.client.background import can_overlap
+
     if not ns.argv:
         raise WarmupError("give the command to run after `--`: warmup exec SPEC --dest DIR -- CMD ...")
+    if shutil.which(ns.argv[0]) is None:  # before the pull: a download left running for nothing
+        raise WarmupError(f"cannot run {ns.argv[0]!r}: no such command (not on PATH, or not executable)")
     spec = load_spec_from_args(ns)
-    result = _pull_or_installed(ns, spec)
-    env = {**os.environ, **child_environment(spec, result, _server(ns))}
+    try:
+        if ns.pull_first or not can_overlap():
+            result = _pull(ns, spec)
+            env = child_environment(spec, result, _server(ns))
+        else:
+            env = _pull_beside_the_command(ns, spec)
+    except ServerUnreachableError as error:
+        env = child_environment(spec, _installed_instead(ns, spec, error), _server(ns))
+    env = {**os.environ, **env}
     if ns.strict:  # read by WarmupCallback, which warmup/_sitecustomize adds to every Trainer under --strict
         env["WARMUP_STRICT"] = "1"
     print(f"exec: {shlex.join(ns.argv)}", file=sys.stderr, flush=True)
@@ -370,33 +425,52 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     return 0  # not reached: exec replaced this process
 
 
-def _pull_or_installed(ns: argparse.Namespace, spec: Any) -> Any:
-    """Pull; when the service cannot be reached, train on what an earlier pull installed in DEST (the
+def _pull_beside_the_command(ns: argparse.Namespace, spec: Any) -> dict[str, str]:
+    """The manifest now; the files in a child process while the command starts (warmup/client/background.py).
+    Returns the command's environment, which includes where the download will say it is done."""
+    from warmup.client.background import install_beside
+
+    probes = _IsaProbes(spec, _dest(ns))
+    try:
+        with probes.building():
+            pending = _prepare(ns, spec, None)
+        env = child_environment(spec, pending, _server(ns))
+    except BaseException:
+        probes.discard()
+        raise
+    _say_what_the_pull_found(pending)
+
+    def after(installed: bool) -> None:
+        if installed:
+            probes.keep()
+        probes.discard()
+
+    return {**env, **install_beside(pending, describe=summary_line, after=after)}
+
+
+def _installed_instead(ns: argparse.Namespace, spec: Any, error: ServerUnreachableError) -> Any:
+    """When the service cannot be reached, train on what an earlier pull installed in DEST (the
     initContainer's), provided it was pulled for this toolchain and every file is still intact."""
     from warmup.client import install, read_local_manifest
-    from warmup.errors import ServerUnreachableError
     from warmup.toolchain import remembered_toolchain
 
+    manifest = read_local_manifest(ns.dest, spec.key())
+    target = spec.target
+    toolchain = remembered_toolchain(
+        target.backend, target.device, world_size=target.world_size, directory=ns.dest
+    )
+    if manifest is None or manifest.toolchain_key != toolchain.key():
+        raise error
     try:
-        return _pull(ns, spec)
-    except ServerUnreachableError as error:
-        manifest = read_local_manifest(ns.dest, spec.key())
-        target = spec.target
-        toolchain = remembered_toolchain(
-            target.backend, target.device, world_size=target.world_size, directory=ns.dest
-        )
-        if manifest is None or manifest.toolchain_key != toolchain.key():
-            raise
-        try:
-            result = install(manifest, ns.dest, _Unreachable(error))  # verifies; downloads nothing
-        except WarmupError:
-            raise error from None
-        print(
-            f"warning: {error}; using the cache an earlier pull installed in {result.dest} "
-            f"({result.skipped} files, all verified)",
-            file=sys.stderr,
-        )
-        return result
+        result = install(manifest, ns.dest, _Unreachable(error))  # verifies; downloads nothing
+    except WarmupError:
+        raise error from None
+    print(
+        f"warning: {error}; using the cache an earlier pull installed in {result.dest} "
+        f"({result.skipped} files, all verified)",
+        file=sys.stderr,
+    )
+    return result
 
 
 class _Unreachable:

@@ -14,7 +14,9 @@ The modules, each using only those above it:
 - `local`: what a pull keeps in the cache directory (the index of verified files, the manifests it
   installed);
 - `installing`: `install`, in four steps (check, plan, download, commit): all files or none;
-- `pulling`: `pull`, the manifest of (spec, toolchain) from the service or the bucket, then install.
+- `pulling`: `pull`, the manifest of (spec, toolchain) from the service or the bucket, then install;
+- `background`: `warmup exec`'s install beside the training command's start, and the training
+  process's wait for it.
 """
 
 from warmup.client.installing import (
@@ -26,7 +28,7 @@ from warmup.client.installing import (
     install,
 )
 from warmup.client.local import INDEX_NAME, LOCAL_MANIFESTS_DIR, TEMP_DIR_NAME, read_local_manifest
-from warmup.client.pulling import PRESIGN_S, PullOptions, bucket_manifest, pull
+from warmup.client.pulling import PRESIGN_S, PendingInstall, PullOptions, bucket_manifest, prepare_pull, pull
 from warmup.client.service import (
     DEFAULT_TIMEOUT_S,
     MAX_MANIFEST_BYTES,
@@ -51,6 +53,7 @@ __all__ = [
     "BlobSource",
     "HttpBlobSource",
     "InstallPlan",
+    "PendingInstall",
     "ProgressCallback",
     "PullOptions",
     "PullProgress",
@@ -63,6 +66,7 @@ __all__ = [
     "bucket_manifest",
     "fetch_answer",
     "install",
+    "prepare_pull",
     "pull",
     "read_local_manifest",
     "signature_label",

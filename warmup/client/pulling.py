@@ -1,8 +1,10 @@
 """`pull`: the manifest of (spec, toolchain), from the service or the bucket, then `install`.
 
-`pull` computes (or takes) the pod's toolchain and gets the manifest of (spec, toolchain), from the
-service or from the bucket the workers publish complete manifests into, waiting for a warm-up that is
-not finished when asked to; `install` (warmup/client/installing.py) does the rest.
+`pull` is `prepare_pull` (the pod's toolchain, computed or taken, and the manifest of (spec,
+toolchain) from the service or from the bucket the workers publish complete manifests into, waiting
+for a warm-up that is not finished when asked to) and then its `PendingInstall.run()`: `install`
+(warmup/client/installing.py) and remembering the toolchain. `warmup exec` runs the second half
+beside the training command's start (warmup/client/background.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmup.client.installing import ProgressCallback, PullResult, install
 from warmup.client.service import MAX_MANIFEST_BYTES, ServiceClient, signature_label
-from warmup.client.sources import HttpBlobSource, StoreBlobSource
+from warmup.client.sources import BlobSource, HttpBlobSource, StoreBlobSource
 from warmup.errors import (
     BlobNotFoundError,
     NotWarmedError,
@@ -75,18 +77,6 @@ def pull(
     `on_waiting` with the reason each time. Raises NotWarmedError / PartlyWarmedError /
     WarmupFailedError / ToolchainMismatchError / ServerUnreachableError with what to do.
     """
-    from warmup.spec import Spec, load_spec
-    from warmup.toolchain import Toolchain, remember_toolchain, resolve_toolchain
-
-    spec = spec if isinstance(spec, Spec) else load_spec(spec)
-    target = spec.target
-    computed = toolchain is None
-    how = "given"
-    if computed:
-        toolchain, how = resolve_toolchain(  # written into dest only once the pull has succeeded
-            target.backend, target.device, world_size=target.world_size, directory=dest, remember=False
-        )
-    toolchain = toolchain if isinstance(toolchain, Toolchain) else Toolchain.model_validate(toolchain)
     options = PullOptions(
         wait=wait,
         timeout=timeout,
@@ -95,8 +85,82 @@ def pull(
         on_progress=on_progress,
         on_waiting=on_waiting,
     )
+    pending = prepare_pull(
+        spec,
+        dest,
+        server=server,
+        source=source,
+        toolchain=toolchain,
+        allow_partial=allow_partial,
+        token=token,
+        client=client,
+        options=options,
+    )
+    return pending.run()
+
+
+@dataclass
+class PendingInstall:
+    """A pull whose manifest is known and whose files are not installed yet: `run()` installs them.
+
+    `pull` runs it at once; `warmup exec` runs it beside the training command's start
+    (warmup/client/background.py), since the manifest alone sets that command's environment."""
+
+    manifest: Manifest
+    dest: Path
+    blobs: BlobSource
+    source: str  # where the manifest came from, for the summary
+    toolchain: Toolchain
+    toolchain_source: str  # how the toolchain was found: given, remembered, exact, predicted, computed
+    world_size: int
+    options: PullOptions
+
+    def run(self) -> PullResult:
+        """Download and verify the files (all or none), then remember the toolchain a pod had to find."""
+        from warmup.toolchain import remember_toolchain
+
+        result = install(
+            self.manifest,
+            self.dest,
+            self.blobs,
+            parallel=self.options.parallel,
+            on_progress=self.options.on_progress,
+        )
+        result.source = self.source
+        result.toolchain_source = self.toolchain_source
+        if self.toolchain_source != "given":  # the next pull (or `warmup exec`) here skips finding it
+            remember_toolchain(result.dest, self.toolchain, world_size=self.world_size)
+        return result
+
+
+def prepare_pull(
+    spec: Any,
+    dest: str | Path,
+    *,
+    server: str | None = None,
+    source: str | None = None,
+    toolchain: Any = None,
+    allow_partial: bool = False,
+    token: str | None = None,
+    client: ServiceClient | None = None,
+    options: PullOptions | None = None,
+) -> PendingInstall:
+    """The first half of `pull` (same arguments): this pod's toolchain and the manifest of (spec,
+    toolchain), checked; nothing is written into `dest` until the returned install runs."""
+    from warmup.spec import Spec, load_spec
+    from warmup.toolchain import Toolchain, resolve_toolchain
+
+    options = options or PullOptions()
+    spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    target = spec.target
+    how = "given"
+    if toolchain is None:
+        toolchain, how = resolve_toolchain(  # written into dest only once the install has succeeded
+            target.backend, target.device, world_size=target.world_size, directory=dest, remember=False
+        )
+    toolchain = toolchain if isinstance(toolchain, Toolchain) else Toolchain.model_validate(toolchain)
     if source is not None:
-        result = pull_from_store(spec, dest, toolchain, source, options)
+        manifest, blobs, where = store_manifest(spec, toolchain, source, options)
     elif client is None and server is None:
         raise WarmupError(
             "pull needs the service URL (--server / WARMUP_SERVER) or a bucket (--from s3://...)"
@@ -105,26 +169,32 @@ def pull(
         own_client = client is None
         client = client or ServiceClient(server or "", token=token)
         try:
-            result = pull_from_service(spec, dest, toolchain, client, options, allow_partial=allow_partial)
+            manifest = service_manifest(spec, toolchain, client, options, allow_partial=allow_partial)
         finally:
             if own_client:
                 client.close()
-    if computed:  # the next pull (or `warmup exec`) into this directory skips computing it
-        remember_toolchain(result.dest, toolchain, world_size=target.world_size)
-    result.toolchain_source = how
-    return result
+        blobs, where = HttpBlobSource(client.server, client.auth_headers, client.timeout), client.server
+    return PendingInstall(
+        manifest=manifest,
+        dest=Path(dest).resolve(),
+        blobs=blobs,
+        source=where,
+        toolchain=toolchain,
+        toolchain_source=how,
+        world_size=target.world_size,
+        options=options,
+    )
 
 
-def pull_from_service(
+def service_manifest(
     spec: Spec,
-    dest: str | Path,
     toolchain: Toolchain,
     client: ServiceClient,
     options: PullOptions,
     *,
     allow_partial: bool = False,
-) -> PullResult:
-    """The manifest from the service's API, the blobs from the URLs it presigned (or its blob route)."""
+) -> Manifest:
+    """The manifest from the service's API (its files' URLs presigned, or the API's blob route)."""
     spec_json, toolchain_json = spec.model_dump(mode="json"), toolchain.model_dump(mode="json")
 
     def fetch() -> Manifest:
@@ -140,21 +210,13 @@ def pull_from_service(
             f"refusing the manifest of {client.server}: it is for another spec or toolchain "
             f"({manifest.spec_key[:12]}/{manifest.toolchain_key[:12]}, not {spec.key()[:12]}/{toolchain.key()[:12]})"
         )
-    result = install(
-        manifest,
-        dest,
-        HttpBlobSource(client.server, client.auth_headers, client.timeout),
-        parallel=options.parallel,
-        on_progress=options.on_progress,
-    )
-    result.source = client.server
-    return result
+    return manifest
 
 
-def pull_from_store(
-    spec: Spec, dest: str | Path, toolchain: Toolchain, source: str, options: PullOptions
-) -> PullResult:
-    """The complete manifest a worker published in the bucket, the blobs straight from the bucket."""
+def store_manifest(
+    spec: Spec, toolchain: Toolchain, source: str, options: PullOptions
+) -> tuple[Manifest, BlobSource, str]:
+    """The complete manifest a worker published in the bucket, and the bucket as the blobs' source."""
     from warmup.store import open_store
 
     store = open_store(source)
@@ -164,19 +226,8 @@ def pull_from_store(
         files = [
             f.model_copy(update={"url": store.presigned_url(f.sha256, PRESIGN_S)}) for f in manifest.files
         ]
-        result = install(
-            manifest.model_copy(update={"files": files}),
-            dest,
-            HttpBlobSource(None),
-            parallel=options.parallel,
-            on_progress=options.on_progress,
-        )
-    else:
-        result = install(
-            manifest, dest, StoreBlobSource(store), parallel=options.parallel, on_progress=options.on_progress
-        )
-    result.source = str(source)
-    return result
+        return manifest.model_copy(update={"files": files}), HttpBlobSource(None), str(source)
+    return manifest, StoreBlobSource(store), str(source)
 
 
 def wait_for(fetch: Callable[[], Manifest], options: PullOptions) -> Manifest:
