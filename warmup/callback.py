@@ -203,8 +203,8 @@ class WarmupCallback(TrainerCallback):
 
         try:
             wait_for_pull()  # under `warmup exec`, the cache may still be downloading beside this process
-        except WarmupError as error:
-            self.report("refused", error)
+        except WarmupError as failed:
+            self.report("refused", failed)
             raise
 
         manifest = read_local_manifest(self.cache_dir, self.spec.key())
