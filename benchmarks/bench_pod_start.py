@@ -1,4 +1,4 @@
-"""A fresh training pod's time to its first training step, three ways, side by side in one run.
+"""A fresh training pod's time to its first training step, four ways, side by side in one run.
 
 From process start to the end of the first training step of a real TRL job (SFT of a tiny model on
 CPU, Inductor, three planned shapes), each run a fresh process with an empty cache directory:
@@ -8,8 +8,10 @@ CPU, Inductor, three planned shapes), each run a fresh process with an empty cac
   (SeaweedFS, on this machine), then the training process (which activates it: `warmup.activate`);
 - `warmup exec`: `warmup exec SPEC --server URL --dest DIR -- python train_job.py ...`: the pull (its
   toolchain, the manifest, the blobs from the same S3 server through presigned URLs, every sha256
-  checked), then the same training process, which checks the exact toolchain before it trusts the
-  cache.
+  checked) beside the same training process's start (its first compile waits for the files), which
+  checks the exact toolchain before it trusts the cache;
+- `warmup exec --pull-first`: the same, the pull finished before the training process starts (what
+  the download beside the start saves).
 
 And the whole `warmup pull` command into an empty directory against `aws s3 sync` of the same blobs
 (the bucket's `blobs/` prefix), both fresh processes, alternating.
@@ -63,7 +65,8 @@ from warmup.toolchain import current_toolchain
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET, PREFIX, SYNCED = "bench", "warmup", "cache-dir"
-COLD, AWS_TRAIN, EXEC = "cold (no cache)", "aws s3 sync + train", "warmup exec (pull + verify + train)"
+COLD, AWS_TRAIN = "cold (no cache)", "aws s3 sync + train"
+EXEC, EXEC_FIRST = "warmup exec (pull beside train)", "warmup exec --pull-first"
 PULL, AWS_BLOBS = "warmup pull (whole command)", "aws s3 sync (same blobs)"
 
 
@@ -137,6 +140,7 @@ def main() -> int:
     print(
         f"ratio (aws s3 sync + train) / warmup exec:  {median[AWS_TRAIN] / median[EXEC]:.2f}x  (target >= 1)"
     )
+    print(f"ratio exec --pull-first / exec:             {median[EXEC_FIRST] / median[EXEC]:.2f}x")
     pull_median = {name: statistics.median(values) for name, values in pulls.items()}
     print(f"\ninto an empty directory, {len(artifacts)} files, median of {ns.rounds}:")
     for name, seconds in pull_median.items():
@@ -192,8 +196,8 @@ def race(
         run(train_command(cache, out), env)
         return first_step(out, started, warm=True)
 
-    def warmup_exec(tag: str) -> float:
-        cache, out = work / f"exec-{tag}", work / f"exec-{tag}.json"
+    def warmup_exec(tag: str, *, first: bool = False) -> float:
+        cache, out = work / f"exec{'-first' if first else ''}-{tag}", work / f"exec-{first}-{tag}.json"
         env = fresh(tag)
         started = time.time()
         command = [
@@ -206,6 +210,7 @@ def race(
             url,
             "--dest",
             str(cache),
+            *(["--pull-first"] if first else []),
         ]
         done = run([*command, "--", *train_command(cache, out)], env)
         notes.add("computed" if "this pod computed its toolchain" in done.stderr else "from the image's memo")
@@ -238,9 +243,14 @@ def race(
         run([*sync, "--endpoint-url", endpoint, "--only-show-errors"], env)
         return time.perf_counter() - started
 
-    starts: dict[str, list[float]] = {COLD: [], AWS_TRAIN: [], EXEC: []}
+    starts: dict[str, list[float]] = {COLD: [], AWS_TRAIN: [], EXEC: [], EXEC_FIRST: []}
     pulls: dict[str, list[float]] = {PULL: [], AWS_BLOBS: []}
-    ways = {COLD: cold, AWS_TRAIN: aws_then_train, EXEC: warmup_exec}
+    ways = {
+        COLD: cold,
+        AWS_TRAIN: aws_then_train,
+        EXEC: warmup_exec,
+        EXEC_FIRST: lambda tag: warmup_exec(tag, first=True),
+    }
     transfers = {PULL: pull, AWS_BLOBS: aws_blobs}
     for round_ in range(ns.rounds):
         order = list(ways) if round_ % 2 == 0 else list(reversed(ways))

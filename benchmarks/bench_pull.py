@@ -17,8 +17,9 @@ each from compiled bytecode as pip leaves an installed package (this checkout's 
   the pod downloads straight from S3. The pod's toolchain is given, so the process imports no torch:
   this is the transfer, with every size and sha256 checked;
 - `pull --from the bucket`: the same without the API (`source="s3://..."`): the pod signs the GETs;
-- `warmup pull --server`: the whole command, which first computes the toolchain (imports torch, and
-  builds Inductor's CPU probe programs for the destination: several seconds);
+- `warmup pull --server`: the whole command, as a pod of a prepared image runs it: its toolchain
+  from the image's memo (`warmup toolchain --remember`, run once here as an image build would, not
+  timed), so it imports no torch;
 - `aws s3 sync` of the same blobs (no sha256 check), with its default 10 concurrent requests and with
   as many as `pull` uses.
 
@@ -129,7 +130,8 @@ def main() -> int:
     toolchain_file.write_text(json.dumps(toolchain.model_dump(mode="json")))
     with seaweedfs(work / "seaweed") as s3:
         os.environ.update(s3.env())
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "WARMUP_TOOLCHAIN_MEMO": str(work / "image-memo.json")}
+        timed([sys.executable, "-m", "warmup", "toolchain", "--remember"], env)  # the image build, once
         s3.client().create_bucket(Bucket=BUCKET)
         source = f"s3://{BUCKET}/{PREFIX}"
         settings = Settings(data_dir=work / "service", store_url=source, auth="off")
