@@ -274,6 +274,8 @@ def _rehearse(
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+            if process.stdout is not None:  # follow() may have stopped reading early
+                process.stdout.close()
     return Rehearsal(
         signatures=session.signatures,
         warnings=session.warnings,
