@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     exec_ = sub.add_parser(
         "exec",
-        help="pull, and run a command with the cache environment and compile policy set (the files download while it starts; its first compile waits for them)",
+        help="pull, and run a command with the cache environment and compile policy set (the files "
+        "download while it starts; its first compile waits for them)",
         usage="warmup exec SPEC (--server URL | --from s3://bucket/prefix) --dest DIR [options] -- CMD ...",
     )
     add_spec_arguments(exec_)
