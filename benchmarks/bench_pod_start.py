@@ -161,10 +161,15 @@ def race(
     notes: set[str] = set()
 
     def fresh(tag: str) -> dict[str, str]:
-        """The environment of one pod: its own empty TMPDIR."""
+        """The environment of one pod: its own empty TMPDIR, and no Inductor cache directory of this
+        process's (Inductor sets TORCHINDUCTOR_CACHE_DIR in the environment of a process that used its
+        default one, such as this one: inherited, it would hand the cold and synced runs the CPU probe
+        programs built by earlier rounds, which a fresh pod builds)."""
         tmp = work / f"tmp-{tag}-{time.monotonic_ns()}"
         tmp.mkdir()
-        return {**base_env, "TMPDIR": str(tmp), "AWS_CONFIG_FILE": str(work / "no-aws-config")}
+        env = {**base_env, "TMPDIR": str(tmp), "AWS_CONFIG_FILE": str(work / "no-aws-config")}
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        return env
 
     def train_command(cache: Path, out: Path) -> list[str]:
         command = [sys.executable, str(TRAIN_JOB), "--spec", str(job.spec), "--weights", str(job.weights)]
