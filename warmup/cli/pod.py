@@ -167,7 +167,7 @@ def _pull(ns: argparse.Namespace, spec: Any) -> Any:
             pending = _prepare(ns, spec, progress)
         _say_what_the_pull_found(pending)
         result = pending.run()
-        probes.keep()
+        probes.keep(pending.toolchain_source)
     finally:
         probes.discard()
     progress.done()
@@ -262,15 +262,28 @@ class _IsaProbes:
             else:
                 os.environ[self.VARIABLE] = previous
 
-    def keep(self) -> None:
-        """Move the probes into DEST (the install succeeded)."""
+    def keep(self, toolchain_source: str) -> None:
+        """Move the probes into DEST (the install succeeded). When the toolchain was not computed here but
+        found exactly in the image's memo, copy the probes the image built when it was remembered instead
+        (warmup.toolchain.image_isa_probes): the training process's first compile then finds them."""
         if self.staging is None:
             return
-        for probe in [p for p in self.staging.rglob("*") if p.is_file()]:
-            relative = probe.relative_to(self.staging)
-            if relative.parts[0] != "locks" and not (self.target / relative).exists():
-                (self.target / relative).parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(probe, self.target / relative)
+        sources = [(self.staging, False)]  # (folder, copy rather than move)
+        if toolchain_source == "exact":
+            from warmup.toolchain import image_isa_probes, image_memo_path
+
+            memo = image_memo_path()
+            if memo is not None and image_isa_probes(memo).is_dir():
+                sources.append((image_isa_probes(memo), True))
+        for root, copy in sources:
+            for probe in [p for p in root.rglob("*") if p.is_file()]:
+                relative = probe.relative_to(root)
+                if relative.parts[0] != "locks" and not (self.target / relative).exists():
+                    (self.target / relative).parent.mkdir(parents=True, exist_ok=True)
+                    if copy:
+                        shutil.copy2(probe, self.target / relative)
+                    else:
+                        shutil.move(probe, self.target / relative)
 
     def discard(self) -> None:
         if self.staging is not None:
@@ -443,7 +456,7 @@ def _pull_beside_the_command(ns: argparse.Namespace, spec: Any) -> dict[str, str
 
     def after(installed: bool) -> None:
         if installed:
-            probes.keep()
+            probes.keep(pending.toolchain_source)
         probes.discard()
 
     return {**env, **install_beside(pending, describe=summary_line, after=after)}

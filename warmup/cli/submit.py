@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -59,9 +60,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_toolchain(ns: argparse.Namespace) -> int:
-    from warmup.toolchain import current_toolchain, remember_in_image
+    from warmup.toolchain import current_toolchain, image_isa_probes, image_memo_path, remember_in_image
 
     device = ns.device or ("neuron" if ns.backend == "neuron" else "cpu")
+    memo = image_memo_path(for_writing=True) if ns.remember else None
+    if memo is not None and (ns.backend, device) == ("inductor", "cpu"):
+        # Inductor builds its CPU ISA probe programs into its cache directory as the toolchain is computed:
+        # here, the image's, for `warmup exec` to hand every pod (warmup.toolchain.image_isa_probes)
+        probes = image_isa_probes(memo)
+        shutil.rmtree(probes, ignore_errors=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(probes)
     toolchain = current_toolchain(ns.backend, device, world_size=ns.world_size)
     print(json.dumps(toolchain.model_dump(mode="json"), indent=2))
     if ns.remember:
