@@ -491,3 +491,35 @@ def test_exec_downloads_beside_the_command_and_its_first_compile_waits_for_the_f
         assert ran.returncode != 0 and "installed_at_first_compile" not in ran.stdout
         assert "BackgroundPullError" in ran.stderr and "sha256" in ran.stderr, ran.stderr
         assert cache_files(dest) == set()
+
+
+def test_the_images_isa_probes_reach_the_pod_and_its_first_compile_builds_none(
+    api_url, services, spec_file, pod_toolchain, tmp_path
+):
+    """`warmup toolchain --remember` keeps Inductor's CPU ISA probe programs beside the image's memo; a
+    pull whose toolchain is that exact one copies them into DEST, so picking the ISA there builds nothing."""
+    warm(services, spec_file, pod_toolchain, tmp_path / "scratch")
+    memo = tmp_path / "image" / "toolchain.json"
+    env = {**os.environ, "WARMUP_TOOLCHAIN_MEMO": str(memo)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    remembered = warmup("toolchain", "--remember", env=env)
+    assert remembered.returncode == 0, remembered.stderr
+    probes = {p.relative_to(memo.parent / "toolchain.json.isa-probes") for p in memo.parent.rglob("*.so")}
+    assert probes, "no probe program was kept beside the memo"
+
+    dest = tmp_path / "cache"
+    pulled = warmup("pull", spec_file, "--server", api_url, "--dest", dest, env=env)
+    assert pulled.returncode == 0, pulled.stderr
+    assert "computed its toolchain" not in pulled.stderr  # found in the image's memo
+    assert probes <= {p.relative_to(dest) for p in dest.rglob("*.so")}
+    before = {p.relative_to(dest) for p in dest.rglob("*") if p.is_file()}
+    pick = "from torch._inductor.cpu_vec_isa import pick_vec_isa; print(pick_vec_isa())"
+    picked = subprocess.run(
+        [sys.executable, "-c", pick],
+        capture_output=True,
+        text=True,
+        env={**env, "TORCHINDUCTOR_CACHE_DIR": str(dest)},
+    )
+    assert picked.returncode == 0 and picked.stdout.strip() == pod_toolchain.cpu_isa, picked.stderr
+    built = {p.relative_to(dest) for p in dest.rglob("*") if p.is_file()} - before
+    assert not [p for p in built if p.suffix in (".so", ".cpp")], built  # lock files only
