@@ -104,6 +104,14 @@ def peak_rss_mb(command: list[str], env: dict[str, str]) -> tuple[subprocess.Com
     return subprocess.CompletedProcess(command, process.returncode, out, err), peak
 
 
+def timed_child(script: str, args: list[object], env: dict[str, str]) -> dict[str, float]:
+    """Run `script` in a fresh Python process; the JSON it prints last ({"examples", "seconds"})."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--examples", type=int, default=100_000)
@@ -147,23 +155,9 @@ def main() -> int:
             float(found.group(3)),
         )
         tokens = re.search(r"max_tokens: (\d+)", facts.stdout)
-        baseline = subprocess.run(
-            [sys.executable, "-c", BASELINE, str(model), str(data), str(ns.baseline), str(work / "out")],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        trl = json.loads(baseline.stdout.strip().splitlines()[-1])
+        trl = timed_child(BASELINE, [model, data, ns.baseline, work / "out"], env)
         trl_rate = trl["examples"] / trl["seconds"]
-        alone = subprocess.run(
-            [sys.executable, "-c", ENCODER_ALONE, str(model), str(data)],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        encoder = json.loads(alone.stdout.strip().splitlines()[-1])
+        encoder = timed_child(ENCODER_ALONE, [model, data], env)
         encoder_rate = encoder["examples"] / encoder["seconds"]
 
     print(
