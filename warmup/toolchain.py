@@ -495,8 +495,8 @@ def image_isa_probes(memo: Path) -> Path:
     """Where the image keeps Inductor's CPU ISA probe programs, built when `warmup toolchain --remember`
     computed its toolchain. Inductor keys each by the compiler's version, the ISA's flags and torch's
     version (its own design, so that a process need not build them again: torch/_inductor/cpu_vec_isa.py),
-    and builds one only when it is missing; `warmup exec` copies them into a pod's cache directory so
-    that its training process does not spend seconds of g++ on them at its first compile."""
+    and builds one only when it is missing; `warmup pull` / `warmup exec` copy them into a pod's cache
+    directory so that its training process does not spend seconds of g++ on them at its first compile."""
     return memo.with_name(memo.name + ".isa-probes")
 
 

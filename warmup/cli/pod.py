@@ -161,18 +161,32 @@ def cmd_pull(ns: argparse.Namespace) -> int:
 def _pull(ns: argparse.Namespace, spec: Any) -> Any:
     """Install the cache of `spec` into --dest: the manifest, then every file, with a progress bar."""
     progress = Progress(sys.stderr)
+    pending, probes = _prepare_with_probes(ns, spec, progress)
+    installed = False
+    try:
+        result = pending.run()
+        installed = True
+    finally:
+        probes.settle(installed, pending.toolchain_source)
+    progress.done()
+    print(summary_line(result), file=sys.stderr)
+    return result
+
+
+def _prepare_with_probes(
+    ns: argparse.Namespace, spec: Any, progress: Progress | None
+) -> tuple[Any, _IsaProbes]:
+    """`_prepare`, with Inductor's ISA probes built for DEST if the toolchain is computed; the caller
+    settles the probes once the install has ended."""
     probes = _IsaProbes(spec, _dest(ns))
     try:
         with probes.building():
             pending = _prepare(ns, spec, progress)
-        _say_what_the_pull_found(pending)
-        result = pending.run()
-        probes.keep(pending.toolchain_source)
-    finally:
-        probes.discard()
-    progress.done()
-    print(summary_line(result), file=sys.stderr)
-    return result
+    except BaseException:
+        probes.settle(False, "")
+        raise
+    _say_what_the_pull_found(pending)
+    return pending, probes
 
 
 def _prepare(ns: argparse.Namespace, spec: Any, progress: Progress | None) -> Any:
@@ -223,8 +237,8 @@ def _say_what_the_pull_found(pending: Any) -> None:
 
 
 class _IsaProbes:
-    """Inductor's CPU probe programs, built for DEST while the toolchain is computed, and moved into DEST
-    once the install succeeded.
+    """Inductor's CPU probe programs, built for DEST while the toolchain is computed (or the image's), and
+    copied into DEST once the install succeeded.
 
     The first time a process picks its CPU vector ISA, Inductor builds small probe programs with g++
     into its cache directory (computing the toolchain does it). A process started with the cache
@@ -262,32 +276,27 @@ class _IsaProbes:
             else:
                 os.environ[self.VARIABLE] = previous
 
-    def keep(self, toolchain_source: str) -> None:
-        """Move the probes into DEST (the install succeeded). When the toolchain was not computed here but
-        found exactly in the image's memo, copy the probes the image built when it was remembered instead
-        (warmup.toolchain.image_isa_probes): the training process's first compile then finds them."""
+    def settle(self, installed: bool, toolchain_source: str) -> None:
+        """Once the install has ended: if it succeeded, copy the probes into DEST (those built here, or,
+        when the toolchain was found exactly in the image's memo rather than computed, those the image
+        built when it was remembered: warmup.toolchain.image_isa_probes), so the training process's
+        first compile finds them; then remove the staging directory."""
         if self.staging is None:
             return
-        sources = [(self.staging, False)]  # (folder, copy rather than move)
-        if toolchain_source == "exact":
+        roots = [self.staging]
+        if installed and toolchain_source == "exact":
             from warmup.toolchain import image_isa_probes, image_memo_path
 
             memo = image_memo_path()
             if memo is not None and image_isa_probes(memo).is_dir():
-                sources.append((image_isa_probes(memo), True))
-        for root, copy in sources:
+                roots.append(image_isa_probes(memo))
+        for root in roots if installed else []:
             for probe in [p for p in root.rglob("*") if p.is_file()]:
                 relative = probe.relative_to(root)
                 if relative.parts[0] != "locks" and not (self.target / relative).exists():
                     (self.target / relative).parent.mkdir(parents=True, exist_ok=True)
-                    if copy:
-                        shutil.copy2(probe, self.target / relative)
-                    else:
-                        shutil.move(probe, self.target / relative)
-
-    def discard(self) -> None:
-        if self.staging is not None:
-            shutil.rmtree(self.staging, ignore_errors=True)
+                    shutil.copy2(probe, self.target / relative)
+        shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def _server(ns: argparse.Namespace) -> str | None:
@@ -444,20 +453,15 @@ def _pull_beside_the_command(ns: argparse.Namespace, spec: Any) -> dict[str, str
     Returns the command's environment, which includes where the download will say it is done."""
     from warmup.client.background import install_beside
 
-    probes = _IsaProbes(spec, _dest(ns))
+    pending, probes = _prepare_with_probes(ns, spec, None)
     try:
-        with probes.building():
-            pending = _prepare(ns, spec, None)
         env = child_environment(spec, pending, _server(ns))
     except BaseException:
-        probes.discard()
+        probes.settle(False, pending.toolchain_source)
         raise
-    _say_what_the_pull_found(pending)
 
     def after(installed: bool) -> None:
-        if installed:
-            probes.keep(pending.toolchain_source)
-        probes.discard()
+        probes.settle(installed, pending.toolchain_source)
 
     return {**env, **install_beside(pending, describe=summary_line, after=after)}
 
