@@ -6,6 +6,9 @@ TRL training), `process` (servers, workers or commands in other processes), `loa
 the first three also makes a test `slow`, so `pytest -m "not slow"` is the fast loop (README,
 "Contributing"); the full suite runs everything.
 
+C++ builds go through a cache of this run's own (tests/support/compiler_cache.py): the proofs compile the same
+tiny model's kernels many times, each into its own fresh Inductor cache, and g++ is most of a compile's time.
+
 Service fixtures (PostgreSQL, SQLite, S3) live in tests/fixtures. Subprocesses started by tests
 (`python -m warmup ...`, training jobs) import the project from this checkout: its root goes first
 on PYTHONPATH.
@@ -14,6 +17,8 @@ on PYTHONPATH.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -30,6 +35,40 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 os.environ.setdefault(
     "WARMUP_TOOLCHAIN_MEMO", str(Path(tempfile.mkdtemp(prefix="warmup-test-memo-")) / "toolchain.json")
 )
+
+
+def _compiler_cache() -> Path | None:
+    """Put tests/support/compiler_cache.py's `g++` first on PATH for this run and every process it starts
+    (xdist workers inherit it); the directory it made, for the run's end to remove."""
+    if os.environ.get("WARMUP_TEST_CXX_CACHE") or not (real := shutil.which("g++")):
+        return None  # set up by the controller of this run already, or `off`, or no compiler here
+    root = Path(tempfile.mkdtemp(prefix="warmup-test-cxx-"))
+    wrapper = root / "bin" / "g++"
+    wrapper.parent.mkdir()
+    script = REPO_ROOT / "tests" / "support" / "compiler_cache.py"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "{script}" "{real}" "{root}" "$@"\n')
+    wrapper.chmod(0o755)
+    os.environ["PATH"] = f"{wrapper.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    os.environ["WARMUP_TEST_CXX_CACHE"] = str(root)
+    return root
+
+
+COMPILER_CACHE = _compiler_cache()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if COMPILER_CACHE is not None and (log := COMPILER_CACHE / "builds.log").is_file():
+        outcomes = log.read_text().split()
+        hits = outcomes.count("hit")
+        terminalreporter.write_line(
+            f"g++ (tests/support/compiler_cache.py): {len(outcomes) - hits} build(s) compiled, "
+            f"{hits} reused from earlier identical builds of this run"
+        )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if COMPILER_CACHE is not None:
+        shutil.rmtree(COMPILER_CACHE, ignore_errors=True)
 
 
 SERVICE_FIXTURES = {"postgres_server", "s3_server"}
