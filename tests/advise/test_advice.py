@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import random
+import zlib
 from collections import Counter
 
 import numpy as np
@@ -37,7 +38,7 @@ BASE_ARGS = {
 
 
 def dataset(trainer: str, distribution: str, n: int = 120) -> DatasetLengths:
-    rng = random.Random(hash((trainer, distribution)) % 1000)
+    rng = random.Random(zlib.crc32(f"{trainer}/{distribution}".encode()))  # str hash() differs per process
     lengths = DISTRIBUTIONS[distribution](rng, n, 8, 400)
     if trainer == "sft":
         return DatasetLengths(train=SplitLengths.of(completion=lengths), source=distribution)

@@ -17,6 +17,7 @@ Usage (as the wrapper does): compiler_cache.py REAL_COMPILER CACHE_DIR ARGS...
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -69,16 +70,19 @@ def main(argv: list[str]) -> int:
         return subprocess.call([compiler, *args])
     key = build_key(compiler, args, output)
     kept = cache_dir / key[:2] / key
-    if kept.is_file():
-        _copy(kept, Path(output))
-        _count(cache_dir, "hit")
-        return 0
-    code = subprocess.call([compiler, *args])
-    if code == 0 and os.path.isfile(output):
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        _copy(Path(output), kept)
-        _count(cache_dir, "miss")
-    return code
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    # One build per key at a time: the ranks of a multi-process rehearsal compile the same kernels at once.
+    with open(kept.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if kept.is_file():
+            _copy(kept, Path(output))
+            _count(cache_dir, "hit")
+            return 0
+        code = subprocess.call([compiler, *args])
+        if code == 0 and os.path.isfile(output):
+            _copy(Path(output), kept)
+            _count(cache_dir, "miss")
+        return code
 
 
 def _copy(source: Path, target: Path) -> None:
