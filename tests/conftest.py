@@ -71,13 +71,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(COMPILER_CACHE, ignore_errors=True)
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto` (the README's test command): one worker more than this machine's cores. Many tests spend
-    part of their time waiting (on servers, leases, subprocesses starting), and a third worker on two cores
-    fills those gaps."""
-    return len(os.sched_getaffinity(0)) + 1
-
-
 SERVICE_FIXTURES = {"postgres_server", "s3_server"}
 SLOW_MARKERS = {"compile", "process", "load"}
 
