@@ -6,9 +6,12 @@ keys (their path, the transformers version that wrote them) compile the same gra
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+import socket
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,15 +77,34 @@ def read_model_facts(source: str) -> ModelFacts:
 
 
 def _download_config(repo_id: str) -> Path:
+    """config.json of a Hub model: the Hugging Face cache's copy when it has one (no network), else
+    downloaded. A machine that cannot resolve the Hub's host is told so at once: huggingface_hub would
+    retry for half a minute first, printing each retry."""
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import constants, hf_hub_download
     except ImportError:
         raise ModelConfigError(
             f"{repo_id!r} is not a local directory, and huggingface_hub is not installed to fetch it"
         ) from None
+    with contextlib.suppress(Exception):
+        return Path(hf_hub_download(repo_id, "config.json", local_files_only=True))
+    unreachable = ""
+    if constants.HF_HUB_OFFLINE:
+        unreachable = "HF_HUB_OFFLINE is set"
+    else:
+        host = urllib.parse.urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+        try:
+            socket.getaddrinfo(host, 443)
+        except OSError as error:
+            unreachable = f"{host} cannot be resolved from this machine: {error}"
+    if unreachable:
+        raise ModelConfigError(
+            f"cannot fetch config.json of {repo_id!r} from the Hugging Face Hub ({unreachable}) and the "
+            "Hugging Face cache holds no copy of it; pass a local model directory instead"
+        )
     try:
         return Path(hf_hub_download(repo_id, "config.json"))
-    except Exception as error:  # offline, unknown repo, gated: all mean the same to the user
+    except Exception as error:  # unknown repo, gated, a network that fails midway: all mean the same here
         raise ModelConfigError(
             f"cannot fetch config.json of {repo_id!r} from the Hugging Face Hub ({type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''}); pass a local model directory instead"
