@@ -29,46 +29,38 @@ from pathlib import Path
 PASS_THROUGH = {"--version", "-v", "-dumpversion", "-dumpmachine", "-E", "-M", "-MM", "--help"}
 
 
-def output_path(args: list[str]) -> str | None:
+def split_output(args: list[str]) -> tuple[str | None, list[str]]:
+    """The output path (`-o PATH` or `-oPATH`), and the arguments with it replaced by its suffix only: where
+    a build writes does not change what it builds."""
     for index, arg in enumerate(args):
         if arg == "-o" and index + 1 < len(args):
-            return args[index + 1]
+            output = args[index + 1]
+            return output, [*args[:index], "-o", Path(output).suffix, *args[index + 2 :]]
         if arg.startswith("-o") and len(arg) > 2:
-            return arg[2:]
-    return None
+            return arg[2:], [*args[:index], "-o", Path(arg[2:]).suffix, *args[index + 1 :]]
+    return None, args
 
 
-def build_key(compiler: str, args: list[str], output: str) -> str:
-    """The compiler's identity and every argument, with each input file (a source, an object, an
-    `-include`d header) replaced by its content's digest and the output by its suffix only."""
+def build_key(compiler: str, args: list[str]) -> str:
+    """The compiler's identity and every argument (the output already replaced by its suffix), with each
+    input file (a source, an object, an `-include`d header) replaced by its content's digest."""
     digest = hashlib.sha256()
     stat = os.stat(compiler)
     digest.update(f"{os.path.realpath(compiler)}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
-    skip_next = False
     for arg in args:
-        if skip_next:  # the output path: only its kind matters
-            digest.update(f"output:{Path(output).suffix}\0".encode())
-            skip_next = False
-            continue
-        if arg == "-o":
-            skip_next = True
-            continue
-        if arg.startswith("-o") and len(arg) > 2:
-            digest.update(f"output:{Path(output).suffix}\0".encode())
-            continue
         if not arg.startswith("-") and os.path.isfile(arg):
             digest.update(b"file:" + hashlib.sha256(Path(arg).read_bytes()).digest() + b"\0")
-            continue
-        digest.update(arg.encode() + b"\0")
+        else:
+            digest.update(arg.encode() + b"\0")
     return digest.hexdigest()
 
 
 def main(argv: list[str]) -> int:
     compiler, cache_dir, args = argv[0], Path(argv[1]), argv[2:]
-    output = output_path(args)
+    output, keyed_args = split_output(args)
     if output is None or PASS_THROUGH.intersection(args):
         return subprocess.call([compiler, *args])
-    key = build_key(compiler, args, output)
+    key = build_key(compiler, keyed_args)
     kept = cache_dir / key[:2] / key
     kept.parent.mkdir(parents=True, exist_ok=True)
     # One build per key at a time: the ranks of a multi-process rehearsal compile the same kernels at once.

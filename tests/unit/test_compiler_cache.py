@@ -13,6 +13,7 @@ from tests.support import compiler_cache
 
 pytestmark = [pytest.mark.process]
 
+# the real compiler: tests/conftest.py put the run's cached `g++` first on PATH
 REAL = shutil.which("g++", path="/usr/local/bin:/usr/bin:/bin")
 
 
