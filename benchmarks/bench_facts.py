@@ -32,18 +32,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-ENCODER_ALONE = """
-import sys, time, json
-from transformers import AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
-rows = [json.loads(line)["messages"] for line in open(sys.argv[2])]
-texts = tokenizer.apply_chat_template(rows, tokenize=False)
-started = time.perf_counter()
-encoded = tokenizer.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-seconds = time.perf_counter() - started
-print(json.dumps({"examples": len(encoded), "seconds": seconds}))
-"""
 sys.path.insert(0, str(ROOT))
 
 BASELINE = """
@@ -62,6 +50,18 @@ dataset = Dataset.from_list(rows)
 started = time.perf_counter()
 trainer._prepare_dataset(dataset, tokenizer, args, False, None, "train")
 print(json.dumps({"examples": n, "seconds": time.perf_counter() - started}))
+"""
+
+ENCODER_ALONE = """
+import sys, time, json
+from transformers import AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+rows = [json.loads(line)["messages"] for line in open(sys.argv[2])]
+texts = tokenizer.apply_chat_template(rows, tokenize=False)
+started = time.perf_counter()
+encoded = tokenizer.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+seconds = time.perf_counter() - started
+print(json.dumps({"examples": len(encoded), "seconds": seconds}))
 """
 
 

@@ -98,14 +98,16 @@ def _download_config(repo_id: str) -> Path:
         except OSError as error:
             unreachable = f"{host} cannot be resolved from this machine: {error}"
     if unreachable:
-        raise ModelConfigError(
-            f"cannot fetch config.json of {repo_id!r} from the Hugging Face Hub ({unreachable}) and the "
-            "Hugging Face cache holds no copy of it; pass a local model directory instead"
-        )
+        raise _not_fetched(repo_id, f"{unreachable}, and the Hugging Face cache holds no copy of it")
     try:
         return Path(hf_hub_download(repo_id, "config.json"))
     except Exception as error:  # unknown repo, gated, a network that fails midway: all mean the same here
-        raise ModelConfigError(
-            f"cannot fetch config.json of {repo_id!r} from the Hugging Face Hub ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); pass a local model directory instead"
-        ) from None
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise _not_fetched(repo_id, f"{type(error).__name__}: {first_line}") from None
+
+
+def _not_fetched(repo_id: str, cause: str) -> ModelConfigError:
+    return ModelConfigError(
+        f"cannot fetch config.json of {repo_id!r} from the Hugging Face Hub ({cause}); "
+        "pass a local model directory instead"
+    )

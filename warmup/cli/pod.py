@@ -283,20 +283,22 @@ class _IsaProbes:
         first compile finds them; then remove the staging directory."""
         if self.staging is None:
             return
-        roots = [self.staging]
-        if installed and toolchain_source == "exact":
-            from warmup.toolchain import image_isa_probes, image_memo_path
-
-            memo = image_memo_path()
-            if memo is not None and image_isa_probes(memo).is_dir():
-                roots.append(image_isa_probes(memo))
-        for root in roots if installed else []:
-            for probe in [p for p in root.rglob("*") if p.is_file()]:
-                relative = probe.relative_to(root)
-                if relative.parts[0] != "locks" and not (self.target / relative).exists():
-                    (self.target / relative).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(probe, self.target / relative)
+        if installed:
+            for root in [self.staging, *self._images_probes(toolchain_source)]:
+                for probe in [p for p in root.rglob("*") if p.is_file()]:
+                    relative = probe.relative_to(root)
+                    if relative.parts[0] != "locks" and not (self.target / relative).exists():
+                        (self.target / relative).parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copy2(probe, self.target / relative)
         shutil.rmtree(self.staging, ignore_errors=True)
+
+    @staticmethod
+    def _images_probes(toolchain_source: str) -> list[Path]:
+        """The image's probe programs, when this pod's toolchain is the one the image remembered."""
+        from warmup.toolchain import image_isa_probes, image_memo_path
+
+        memo = image_memo_path() if toolchain_source == "exact" else None
+        return [image_isa_probes(memo)] if memo is not None and image_isa_probes(memo).is_dir() else []
 
 
 def _server(ns: argparse.Namespace) -> str | None:
