@@ -107,7 +107,7 @@ def _worker_group(item: pytest.Item) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """config.json + tokenizer of a 2-layer, 64-wide Qwen3 causal LM (no weights)."""
+    """config.json + tokenizer of a 1-layer, 64-wide Qwen3 causal LM (no weights)."""
     from tests.support.tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -169,6 +169,11 @@ def gpu_models() -> list[str]:
     return models
 
 
+def gpu_driver_present() -> bool:
+    """Whether a GPU driver is loaded here (NVIDIA's, or AMD's ROCm): without one, torch sees no GPU."""
+    return any(Path(path).exists() for path in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd"))
+
+
 def predicted_gpu_name() -> str | None:
     """torch.cuda.get_device_name() of the first visible GPU, predicted from the driver: the one model
     name when every GPU of the machine is the same model, else None (computed, not guessed)."""

@@ -189,6 +189,12 @@ class Settings(BaseSettings):
             return self.device
         if self.backend == "neuron":
             return "neuron"
+        from warmup.machine import gpu_driver_present
+
+        if (
+            not gpu_driver_present()
+        ):  # no GPU driver: torch sees no GPU either, and importing it takes seconds
+            return "cpu"
         try:
             import torch
         except ImportError:

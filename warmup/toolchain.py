@@ -1,7 +1,9 @@
 """The toolchain: the facts of an environment that must match for a compile cache hit.
 
 A warm-up worker and a training pod each compute their toolchain with `current_toolchain(backend,
-device)`; the cache built by one is only used by the other when the two are equal. `key()` names a
+device)` (a worker and `warmup submit` through `host_toolchain`, which reads it from the image's memo when
+that holds this machine's exact toolchain); the cache built by one is only used by the other when the two
+are equal. `key()` names a
 toolchain (sha256 of its canonical JSON) and `diff()` names the fields that differ, which is what
 `ToolchainMismatchError` reports.
 
@@ -312,6 +314,25 @@ BUILD_FIELDS = (
     "env",
 )
 ToolchainSource = Literal["remembered", "exact", "predicted", "computed"]
+
+
+def host_toolchain(backend: str, device: str, *, world_size: int = 1) -> Toolchain:
+    """This host's exact toolchain, for a worker that labels what it compiles with it.
+
+    The image's memo answers when it was computed with this install on a machine like this one (`exact`:
+    no torch import, no ISA probe, so a worker starts in about a second instead of ten); otherwise it is
+    computed, and remembered for the next start. Never `predicted`: what a worker uploads is labelled
+    with facts measured on a machine like this, not inferred from a different one.
+    """
+    if device != "neuron":
+        build, machine = cheap_facts(backend, device, world_size)
+        found = image_memo_toolchain(build, machine, world_size)
+        if found is not None and found[1] == "exact":
+            return found[0]
+    toolchain = current_toolchain(backend, device, world_size=world_size)
+    if device != "neuron":
+        remember_in_image(toolchain, world_size=world_size)
+    return toolchain
 
 
 def remembered_toolchain(

@@ -40,7 +40,7 @@ from warmup.settings import Settings
 from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
-from warmup.toolchain import Toolchain, current_toolchain
+from warmup.toolchain import Toolchain, host_toolchain
 
 if TYPE_CHECKING:
     from warmup.rehearsal import SignatureResult
@@ -131,7 +131,7 @@ class Worker:
             self.toolchains = {1: toolchain}
         else:
             self.toolchains = {
-                size: current_toolchain(options.backend, options.device, world_size=size)
+                size: host_toolchain(options.backend, options.device, world_size=size)
                 for size in options.world_sizes
             }
         self.toolchain = self.toolchains[min(self.toolchains)]

@@ -22,14 +22,14 @@ from tests.support.shape_recorder import (
     compiling,
     planned_shapes,
 )
-from tests.support.tiny_model import init_model, words, write_tiny_model
+from tests.support.tiny_model import TEST_LAYERS, init_model, words, write_tiny_model
 
 EVAL_FIRST_WORD = 150  # eval prompts start with w150, w151, ...: first tokens distinct from train prompts
 
 Prompt = tuple[int, int | tuple[int, ...]]
 
 
-def write_tiny_model_with_weights(directory: Path, *, layers: int = 2, seed: int = 0) -> Path:
+def write_tiny_model_with_weights(directory: Path, *, layers: int = TEST_LAYERS, seed: int = 0) -> Path:
     """GRPO / RLOO load their reference model from the policy's directory, so weights must be on disk."""
     write_tiny_model(directory, layers=layers)
     init_model(directory, seed=seed).save_pretrained(directory)

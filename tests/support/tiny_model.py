@@ -1,9 +1,10 @@
-"""The tests' tiny models and tokenizers: `warmup.tiny_model` (which `warmup selftest` trains too), and a
-byte-level BPE model whose lengths only the real tokenizer calls get right."""
+"""The tests' tiny models and tokenizers: `warmup.tiny_model` (which `warmup selftest` trains too) with one layer,
+and a byte-level BPE model whose lengths only the real tokenizer calls get right."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from warmup.tiny_model import (
     CHAT_TEMPLATE,
@@ -13,8 +14,8 @@ from warmup.tiny_model import (
     init_model,
     save_weights,
     words,
-    write_tiny_model,
 )
+from warmup.tiny_model import write_tiny_model as _write_tiny_model
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -29,6 +30,17 @@ __all__ = [
     "write_bpe_model",
     "write_tiny_model",
 ]
+
+# One decoder layer, where `warmup selftest` builds two. The end-to-end proofs compile this model again and again
+# (each into a fresh cache, as they must); a second layer is the same ops again, so it adds no kernel, graph or
+# shape a proof checks, and costs about a fifth of every compile and every warm training run (README, Contributing).
+TEST_LAYERS = 1
+
+
+def write_tiny_model(directory: Path, *, layers: int = TEST_LAYERS, **options: Any) -> Path:
+    """`warmup.tiny_model.write_tiny_model`, one layer unless a test asks for more (a distillation teacher)."""
+    return _write_tiny_model(directory, layers=layers, **options)
+
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.support.tiny_model import write_tiny_model
 from warmup.client.local import read_local_manifest, save_local_manifest
 from warmup.diagnosis import RunFacts, diagnose
 from warmup.errors import ToolchainMismatchError, UnwarmedCompileError
@@ -21,7 +22,6 @@ from warmup.manifest import Manifest
 from warmup.planner import plan_spec
 from warmup.signature import Signature
 from warmup.spec import Spec, load_spec
-from warmup.tiny_model import write_tiny_model
 from warmup.toolchain import Toolchain, current_toolchain
 
 

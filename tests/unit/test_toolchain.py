@@ -310,3 +310,44 @@ def test_a_fresh_pod_finds_its_toolchain_in_the_images_memo_without_importing_to
     monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")
     assert resolve_toolchain("inductor", "cpu")[1] == "computed"
     assert resolve_toolchain("inductor", "cpu")[1] == "exact"
+
+
+def test_a_workers_toolchain_comes_from_the_images_memo_only_when_exact(tmp_path, monkeypatch):
+    """A worker labels its uploads with its toolchain: the memo's exact entry spares it torch's import, a
+    prediction for a machine the memo has not seen is not enough (computed, then remembered as exact)."""
+    import warmup.toolchain as toolchains
+    from warmup.toolchain import host_toolchain, remember_in_image
+
+    monkeypatch.setenv("WARMUP_TOOLCHAIN_MEMO", str(tmp_path / "toolchain.json"))
+    exact = current_toolchain("inductor", "cpu")
+    remember_in_image(exact)
+    computed: list[str] = []
+    monkeypatch.setattr(
+        toolchains,
+        "current_toolchain",
+        lambda backend, device, world_size=1: computed.append(device) or exact,
+    )
+    assert host_toolchain("inductor", "cpu") == exact and computed == []
+
+    data = json.loads((tmp_path / "toolchain.json").read_text())
+    data["exact"] = {}  # the memo knows this install, not this machine: a pod would predict
+    (tmp_path / "toolchain.json").write_text(json.dumps(data))
+    assert host_toolchain("inductor", "cpu") == exact and computed == ["cpu"]
+    assert host_toolchain("inductor", "cpu") == exact and computed == ["cpu"]  # remembered as exact now
+
+
+def test_without_a_gpu_driver_a_worker_picks_cpu_without_asking_torch(monkeypatch):
+    """torch is asked only where a GPU driver is loaded (importing it takes seconds of a worker's start)."""
+    from types import SimpleNamespace
+
+    from warmup import machine
+    from warmup.settings import Settings
+
+    asked: list[bool] = []
+    gpu_torch = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: asked.append(True) or True))
+    monkeypatch.setitem(sys.modules, "torch", gpu_torch)
+    monkeypatch.setattr(machine, "gpu_driver_present", lambda: False)
+    assert Settings(backend="inductor").worker_device() == "cpu" and asked == []
+    monkeypatch.setattr(machine, "gpu_driver_present", lambda: True)
+    assert Settings(backend="inductor").worker_device() == "cuda" and asked == [True]
+    assert Settings(backend="inductor", device="cpu").worker_device() == "cpu"  # given: taken as it is

@@ -100,10 +100,10 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     if ns.toolchain is not None:
         toolchain = json.loads(ns.toolchain.read_text())
     elif pool is None:
-        from warmup.toolchain import current_toolchain
+        from warmup.toolchain import host_toolchain
 
         target = spec.target
-        toolchain = current_toolchain(target.backend, target.device, world_size=target.world_size).model_dump(
+        toolchain = host_toolchain(target.backend, target.device, world_size=target.world_size).model_dump(
             mode="json"
         )
     with ServiceClient(ns.server) as client:
