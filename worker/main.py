@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from warmup.db.migrate import require_migrated
 from warmup.errors import WarmupError
 from warmup.logs import configure_logging
 from warmup.settings import Settings, add_options, settings_from
@@ -34,6 +35,7 @@ def run(settings: Settings, argv: Sequence[str]) -> int:
     configure_logging(settings.log_format, settings.log_level)
     if settings.concurrency > 1:
         return supervise(settings, argv)
+    require_migrated(settings.resolved_database_url)
     worker = Worker(WorkerOptions.from_settings(settings))
 
     def stop(signum: int, _frame: object) -> None:

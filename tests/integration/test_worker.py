@@ -220,3 +220,17 @@ def test_sigterm_with_nothing_running_exits_cleanly(sqlite_url, tmp_path):
     assert worker.returncode == 0, output
     assert Repository(engine).list_workers() == []
     engine.dispose()
+
+
+def test_a_worker_on_a_database_never_migrated_says_so_in_one_line(tmp_path, capsys):
+    """A worker does not migrate (the service does as it starts): a fresh database is named, not a missing
+    table's traceback."""
+    from worker.main import main
+
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert main(["--database-url", url, "--store", str(tmp_path / "blobs"), "--exit-when-idle"]) == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [
+        f"error: the database at {url} has no trl-warmup schema: start the service against it first "
+        "(`warmup serve` migrates it as it starts), or check the URL"
+    ]

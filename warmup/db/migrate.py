@@ -7,6 +7,7 @@ here). It runs against the URL given, on the same engine settings the service us
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 
 from warmup.db.engine import make_engine
@@ -47,12 +48,32 @@ def downgrade(url: str | URL | Engine, revision: str) -> None:
 
 def current_revision(url: str | URL | Engine) -> str | None:
     engine = url if isinstance(url, Engine) else make_engine(url)
+    quiet = logging.getLogger("alembic.runtime.migration")  # its "Context impl" lines say nothing here
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
     try:
         with engine.connect() as connection:
             return MigrationContext.configure(connection).get_current_revision()
     finally:
+        quiet.setLevel(level)
         if engine is not url:
             engine.dispose()
+
+
+def require_migrated(url: str | URL) -> None:
+    """Raise DatabaseError when the database at `url` was never migrated: a worker does not migrate (the
+    service does, as it starts), and without the schema it would stop on a missing table. A database it
+    cannot reach now is left to the worker, which waits out outages."""
+    try:
+        revision = current_revision(url)
+    except OperationalError:
+        return
+    if revision is None:
+        where = make_url(url).render_as_string(hide_password=True)
+        raise DatabaseError(
+            f"the database at {where} has no trl-warmup schema: start the service against it first "
+            "(`warmup serve` migrates it as it starts), or check the URL"
+        )
 
 
 def head_revision() -> str | None:
