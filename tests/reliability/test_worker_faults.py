@@ -255,9 +255,10 @@ def test_sigkill_mid_upload_another_worker_finishes_and_nothing_points_at_a_miss
     in_store = [r.sha256 for r in reserved if s.store.has(r.sha256)]
     assert len(in_store) == 1  # the first blob landed; the second was cut off before its rename
 
+    # An --exit-when-idle worker exits at once when nothing is claimable: it starts once the lease is out.
+    wait_for(lambda: lease_expired(s.engine), 30, "the dead worker's lease to run out")
     second = WorkerProcess(s, "second", fake_artifacts(), "--exit-when-idle")
     workers.append(second)
-    wait_for(lambda: lease_expired(s.engine), 30, "the dead worker's lease to run out")
     assert second.wait(PATIENCE_S) == 0, second.log
     [task] = tasks(s.engine)
     assert task.state == m.TaskState.done and task.attempts == 2, task
@@ -302,6 +303,7 @@ def test_sigkill_around_a_heartbeat_the_task_is_claimed_again_and_completes(setu
     if moment == "inside the heartbeat's UPDATE":  # the killed transaction renewed nothing
         assert task.lease_expires_at == claimed.lease_expires_at
 
+    wait_for(lambda: lease_expired(s.engine), 30, "the dead worker's lease to run out")
     second = WorkerProcess(s, "second", fake_artifacts(), "--exit-when-idle")
     workers.append(second)
     assert second.wait(PATIENCE_S) == 0, second.log
@@ -328,6 +330,7 @@ def test_a_hung_worker_loses_its_task_and_its_late_complete_is_refused(setup, wo
     hung.signal(signal.SIGSTOP)
     [claimed] = tasks(s.engine)
 
+    wait_for(lambda: lease_expired(s.engine), 30, "the hung worker's lease to run out")
     other = WorkerProcess(s, "other", fake_artifacts(), "--exit-when-idle")
     workers.append(other)
     assert other.wait(PATIENCE_S) == 0, other.log
