@@ -191,9 +191,8 @@ class Settings(BaseSettings):
             return "neuron"
         from warmup.machine import gpu_driver_present
 
-        if (
-            not gpu_driver_present()
-        ):  # no GPU driver: torch sees no GPU either, and importing it takes seconds
+        # No GPU driver: torch would see no GPU either, and importing it takes seconds of a worker's start.
+        if not gpu_driver_present():
             return "cpu"
         try:
             import torch

@@ -3,9 +3,8 @@
 A warm-up worker and a training pod each compute their toolchain with `current_toolchain(backend,
 device)` (a worker and `warmup submit` through `host_toolchain`, which reads it from the image's memo when
 that holds this machine's exact toolchain); the cache built by one is only used by the other when the two
-are equal. `key()` names a
-toolchain (sha256 of its canonical JSON) and `diff()` names the fields that differ, which is what
-`ToolchainMismatchError` reports.
+are equal. `key()` names a toolchain (sha256 of its canonical JSON) and `diff()` names the fields that
+differ, which is what `ToolchainMismatchError` reports.
 
 What goes in, and why (docs/compile-caches.md, sections 2-4):
 - torch version and `torch_key` (a hash of every torch source file: Inductor's keys contain it);
