@@ -171,7 +171,7 @@ def gpu_models() -> list[str]:
 
 def gpu_driver_present() -> bool:
     """Whether a GPU driver is loaded here (NVIDIA's, or AMD's ROCm): without one, torch sees no GPU."""
-    return any(Path(path).exists() for path in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd"))
+    return any(path.exists() for path in (NVIDIA_GPUS.parent, Path("/dev/nvidiactl"), Path("/dev/kfd")))
 
 
 def predicted_gpu_name() -> str | None:

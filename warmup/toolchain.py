@@ -316,22 +316,10 @@ ToolchainSource = Literal["remembered", "exact", "predicted", "computed"]
 
 
 def host_toolchain(backend: str, device: str, *, world_size: int = 1) -> Toolchain:
-    """This host's exact toolchain, for a worker that labels what it compiles with it.
-
-    The image's memo answers when it was computed with this install on a machine like this one (`exact`:
-    no torch import, no ISA probe, so a worker starts in about a second instead of ten); otherwise it is
-    computed, and remembered for the next start. Never `predicted`: what a worker uploads is labelled
-    with facts measured on a machine like this, not inferred from a different one.
-    """
-    if device != "neuron":
-        build, machine = cheap_facts(backend, device, world_size)
-        found = image_memo_toolchain(build, machine, world_size)
-        if found is not None and found[1] == "exact":
-            return found[0]
-    toolchain = current_toolchain(backend, device, world_size=world_size)
-    if device != "neuron":
-        remember_in_image(toolchain, world_size=world_size)
-    return toolchain
+    """This host's exact toolchain, for a worker (or `warmup submit`) that labels what it asks for or
+    uploads with it: `resolve_toolchain` without a pod's cache directory and never `predicted`. From the
+    image's memo it costs no torch import (a worker starts in about a second instead of ten)."""
+    return resolve_toolchain(backend, device, world_size=world_size, exact_only=True)[0]
 
 
 def remembered_toolchain(
@@ -355,6 +343,7 @@ def resolve_toolchain(
     world_size: int = 1,
     directory: str | os.PathLike[str] | None = None,
     remember: bool = True,
+    exact_only: bool = False,
 ) -> tuple[Toolchain, ToolchainSource]:
     """`current_toolchain`, from memory when what it is made of has not changed, and how it was found.
 
@@ -374,7 +363,7 @@ def resolve_toolchain(
     package versions, the interpreter, the CPU's flags and physical cores, the compiler, the GPUs,
     and the compile-relevant environment. Neuron toolchains (instance facts from the runtime) are
     always computed. With `remember=False` nothing is written into `directory` (a pull writes it once
-    it has succeeded: `remember_toolchain`).
+    it has succeeded: `remember_toolchain`). With `exact_only`, a `predicted` answer is computed instead.
     """
     if device == "neuron":
         return current_toolchain(backend, device, world_size=world_size), "computed"
@@ -389,7 +378,7 @@ def resolve_toolchain(
         except (OSError, ValueError, KeyError, TypeError):
             pass
     found = image_memo_toolchain(build, machine, world_size)
-    if found is not None:
+    if found is not None and not (exact_only and found[1] == "predicted"):
         toolchain, source = found
     else:
         toolchain, source = current_toolchain(backend, device, world_size=world_size), "computed"
