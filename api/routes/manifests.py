@@ -106,7 +106,10 @@ def _build(body: ManifestRequest, services: Services, keys: tuple[str, str]) -> 
 
 
 def _raise_mismatch_or_not_warmed(services: Services, toolchain: Toolchain, keys: list[str]) -> None:
+    # Our own toolchain is left out: a worker may commit its first entry between the manifest's build and
+    # this query, and a "mismatch" with ourselves would be an error with no difference to name.
     others = services.repository.toolchains_with_entries(keys)
+    others.pop(toolchain.key(), None)
     if others:
         closest = max(others, key=lambda key: others[key])
         found = services.repository.get_toolchain(closest)

@@ -279,6 +279,45 @@ def test_wait_returns_once_warm_and_stops_at_once_when_the_warm_up_failed(
     assert f"/v1/tasks/{task.id}/log" in given_up.stderr
 
 
+def test_entries_of_our_own_toolchain_that_land_during_a_manifest_build_are_not_a_mismatch(
+    services, spec_file, pod_toolchain, tmp_path, monkeypatch
+):
+    """A worker can commit the first entry of a job between the manifest's build (all missing) and the
+    mismatch check, and publish its manifest between a bucket read and the listing: both are "not warm
+    yet" (which --wait polls on), never a toolchain mismatch that names no difference."""
+    from api.routes.manifests import _raise_mismatch_or_not_warmed
+    from warmup.client.pulling import bucket_manifest
+    from warmup.errors import BlobNotFoundError, NotWarmedError
+
+    spec = load_spec(spec_file)
+    keys = [s.key() for s in plan_spec(spec).signatures]
+    services.queue.submit_job(
+        _keyed(spec), _keyed(pod_toolchain), [_keyed(s) for s in plan_spec(spec).signatures]
+    )
+    assert play_worker(services, pod_toolchain.key(), tmp_path / "scratch", tasks=1) == 1
+    with pytest.raises(NotWarmedError):
+        _raise_mismatch_or_not_warmed(services, pod_toolchain, keys)
+
+    play_worker(services, pod_toolchain.key(), tmp_path / "scratch")
+    publish(services, spec, pod_toolchain)
+    store = services.store
+    ours = manifest_object_key(spec.key(), pod_toolchain.key())
+    real_get = store.get_object
+    missed: list[str] = []
+
+    def get_object(key: str, **kw: object) -> bytes:
+        if key == ours and not missed:  # the first read of our manifest misses: it is being published
+            missed.append(key)
+            raise BlobNotFoundError(key)
+        return real_get(key, **kw)
+
+    monkeypatch.setattr(store, "get_object", get_object)
+    with pytest.raises(NotWarmedError):
+        bucket_manifest(store, spec.key(), pod_toolchain)
+    assert missed == [ours]
+    assert bucket_manifest(store, spec.key(), pod_toolchain).toolchain_key == pod_toolchain.key()
+
+
 def test_pull_from_the_bucket_without_the_api(services, spec_file, pod_toolchain, s3_bucket, tmp_path):
     spec = load_spec(spec_file)
     bucket = f"s3://{s3_bucket}/{PREFIX}"
