@@ -71,13 +71,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(COMPILER_CACHE, ignore_errors=True)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    # xdist's loadgroup sorts work units by their number of tests unless told not to, which would start a
-    # module of many quick tests before the one-test proofs; keep the order pytest_collection_modifyitems sets.
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
 SERVICE_FIXTURES = {"postgres_server", "s3_server"}
 SLOW_MARKERS = {"compile", "process", "load"}
 
