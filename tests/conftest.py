@@ -85,10 +85,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
-    # Costliest modules first (compile, then process / load), each module's tests kept together and in order.
-    # Under -n, xdist's loadgroup then puts the work units of several tests (modules that share a fixture)
-    # first, so the proofs start once those are out and cheap tests fill the workers around them; starting
-    # every proof at once (--no-loadscope-reorder) measured slower here: 18:27 against 15:42.
+    # Costliest modules first (compile, then process / load), each module's tests kept together and in order:
+    # in parallel runs the long proofs start at once and the cheap tests fill the workers around them.
     rank: dict[str, int] = {}
     for item in items:
         module = item.nodeid.split("::")[0]
