@@ -33,9 +33,10 @@ def run(settings: Settings, argv: Sequence[str]) -> int:
     if not settings.locations_given:
         raise WarmupError("give --database-url and --store (or --data-dir for the embedded setup)")
     configure_logging(settings.log_format, settings.log_level)
+    # Checked once here, before a group starts processes that would each fail on it.
+    require_migrated(settings.resolved_database_url)
     if settings.concurrency > 1:
         return supervise(settings, argv)
-    require_migrated(settings.resolved_database_url)
     worker = Worker(WorkerOptions.from_settings(settings))
 
     def stop(signum: int, _frame: object) -> None:

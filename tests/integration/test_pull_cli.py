@@ -290,10 +290,9 @@ def test_entries_of_our_own_toolchain_that_land_during_a_manifest_build_are_not_
     from warmup.errors import BlobNotFoundError, NotWarmedError
 
     spec = load_spec(spec_file)
-    keys = [s.key() for s in plan_spec(spec).signatures]
-    services.queue.submit_job(
-        _keyed(spec), _keyed(pod_toolchain), [_keyed(s) for s in plan_spec(spec).signatures]
-    )
+    signatures = plan_spec(spec).signatures
+    keys = [s.key() for s in signatures]
+    services.queue.submit_job(_keyed(spec), _keyed(pod_toolchain), [_keyed(s) for s in signatures])
     assert play_worker(services, pod_toolchain.key(), tmp_path / "scratch", tasks=1) == 1
     with pytest.raises(NotWarmedError):
         _raise_mismatch_or_not_warmed(services, pod_toolchain, keys)

@@ -222,13 +222,15 @@ def test_sigterm_with_nothing_running_exits_cleanly(sqlite_url, tmp_path):
     engine.dispose()
 
 
-def test_a_worker_on_a_database_never_migrated_says_so_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("concurrency", ["1", "2"])
+def test_a_worker_on_a_database_never_migrated_says_so_in_one_line(tmp_path, capsys, concurrency):
     """A worker does not migrate (the service does as it starts): a fresh database is named, not a missing
-    table's traceback."""
+    table's traceback, and a group of workers says it once, before starting its processes."""
     from worker.main import main
 
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
-    assert main(["--database-url", url, "--store", str(tmp_path / "blobs"), "--exit-when-idle"]) == 1
+    options = ["--database-url", url, "--store", str(tmp_path / "blobs"), "--exit-when-idle"]
+    assert main([*options, "--concurrency", concurrency]) == 1
     error = capsys.readouterr().err.strip().splitlines()
     assert error == [
         f"error: the database at {url} has no trl-warmup schema: start the service against it first "
