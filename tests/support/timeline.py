@@ -10,7 +10,6 @@ alike there. Opt-in, for measuring; the suite's own runs do not load it.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import time
 from collections import defaultdict
@@ -29,6 +28,13 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def _worker(config: pytest.Config) -> str:
+    # xdist's own record of the worker, not PYTEST_XDIST_WORKER: a pytest run inside a test (this
+    # plugin's own test) inherits that variable from the worker it runs under.
+    workerinput: dict[str, str] = getattr(config, "workerinput", {})
+    return workerinput.get("workerid", "main")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     path = item.config.getoption("timeline")
@@ -36,7 +42,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     yield
     if path:
         line = {
-            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "worker": _worker(item.config),
             "test": item.nodeid,
             "start": start,
             "end": time.time(),
@@ -48,7 +54,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     path = config.getoption("timeline")
-    if not path or os.environ.get("PYTEST_XDIST_WORKER") or not Path(path).is_file():
+    if not path or _worker(config) != "main" or not Path(path).is_file():
         return
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
     if not rows:
