@@ -101,6 +101,29 @@ def test_recompile_limit_counts_only_what_dynamo_traces(tiny_model_dir, target):
     assert any("16 signatures compile" in warning for warning in unpacked.warnings)  # the 16 train shapes
 
 
+def test_an_unpadded_job_with_many_compiled_lengths_is_told_to_pad(tiny_model_dir):
+    """Off Neuron TRL's pad_to_multiple_of defaults to none: each batch length compiles on its own."""
+    args = {"max_length": 256, "torch_compile": True}
+
+    def unpadded_warnings(plan) -> list[str]:
+        return [warning for warning in plan.warnings if "pad_to_multiple_of is unset" in warning]
+
+    many = sft_plan(tiny_model_dir, args, INDUCTOR, {"min_tokens": 20, "max_tokens": 200})
+    assert unpadded_warnings(many) == [
+        "pad_to_multiple_of is unset (TRL's default off Neuron), so every batch length compiles on its own: 181 "
+        "lengths from 20 to 200; set pad_to_multiple_of to make them few (`warmup advise` ranks the settings by "
+        "projected compile plus training time)"
+    ]
+    few = sft_plan(tiny_model_dir, args, INDUCTOR, {"min_tokens": 20, "max_tokens": 27})  # 8 lengths
+    padded = sft_plan(
+        tiny_model_dir, {**args, "pad_to_multiple_of": 64}, INDUCTOR, {"min_tokens": 20, "max_tokens": 200}
+    )
+    eager = sft_plan(tiny_model_dir, {"max_length": 256}, INDUCTOR, {"min_tokens": 20, "max_tokens": 200})
+    on_neuron = sft_plan(tiny_model_dir, args, NEURON, {"min_tokens": 20, "max_tokens": 200})  # "auto" is 128
+    assert len(few.signatures) == 8 and len(padded.signatures) == 4 and len(eager.signatures) == 181
+    assert not any(map(unpadded_warnings, [few, padded, eager, on_neuron]))
+
+
 def test_eager_signatures_cost_nothing_under_inductor(tiny_model_dir):
     plan = sft_plan(tiny_model_dir, EVAL_HEAVY, INDUCTOR, EVAL_FACTS)
     train = [s for s in plan.signatures if s.phase == "train"]

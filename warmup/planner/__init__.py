@@ -22,6 +22,8 @@ from warmup.trl_args import TrainerArgs, resolve_trainer_args
 
 # Dynamo's default recompile limit per code object (torch._dynamo.config.recompile_limit).
 DYNAMO_DEFAULT_RECOMPILE_LIMIT = 8
+# Compiled sequence lengths an unpadded plan may have before it is told to pad.
+UNPADDED_LENGTHS_WARNED = 8
 
 PLANNERS: dict[str, Callable[[PlanBuilder], None]] = {"sft": plan_sft}
 
@@ -62,6 +64,7 @@ def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts |
             ]
         )
     _recompile_limit_warning(builder)
+    _unpadded_lengths_warning(builder)
     _nothing_compiles_warning(builder)
     return builder.build()
 
@@ -221,6 +224,21 @@ def _recompile_limit_warning(plan: PlanBuilder) -> None:
             f"({DYNAMO_DEFAULT_RECOMPILE_LIMIT}): past it new shapes silently run eager; call "
             "warmup.activate() in the training process (it raises the limit to the plan's size) or set "
             f"torch._dynamo.config.recompile_limit >= {most}"
+        )
+
+
+def _unpadded_lengths_warning(plan: PlanBuilder) -> None:
+    """Without pad_to_multiple_of (TRL's default off Neuron) every batch length is its own compile: say so
+    and where the fix is, rather than leave a long plan to look like the job's nature."""
+    if plan.multiple is not None:
+        return
+    lengths = sorted({s.seq_len for s in plan.signatures.values() if s.compile != "eager" and s.seq_len > 1})
+    if len(lengths) > UNPADDED_LENGTHS_WARNED:
+        plan.warn(
+            "pad_to_multiple_of is unset (TRL's default off Neuron), so every batch length compiles on its own: "
+            f"{len(lengths)} lengths from {lengths[0]} to {lengths[-1]}; set "
+            "pad_to_multiple_of to make them few (`warmup advise` ranks the settings by projected compile plus "
+            "training time)"
         )
 
 
