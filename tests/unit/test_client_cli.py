@@ -164,3 +164,30 @@ def test_submit_wait_names_the_missing_scope_when_the_service_refuses_to_show_th
     with pytest.raises(AuthError, match=r"job j-1 was submitted.*'read' scope as well") as raised:
         _poll(Refusing(), "j-1")
     assert raised.value.status == 403
+
+
+def test_submit_wait_counts_down_while_a_signature_compiles():
+    """The estimate takes off how long a running signature has run, so it does not stand still; one that runs
+    past the average says so rather than counting below zero."""
+    from warmup.cli.submit import _remaining
+
+    def job(*states: str) -> dict[str, object]:
+        signatures = [
+            {"key": f"s{i}", "state": state, "compile_seconds": 40.0 if state == "ready" else None}
+            for i, state in enumerate(states)
+        ]
+        counts: dict[str, int] = {}
+        for state in states:
+            counts[state] = counts.get(state, 0) + 1
+        return {"signatures": signatures, "counts": counts}
+
+    assert _remaining(job("queued", "running"), {}, now=0.0) == ""  # nothing done yet: no average
+    since: dict[str, float] = {}
+    assert _remaining(job("ready", "running", "queued"), since, now=100.0) == " | ~1m 20s left"  # 40 + 40
+    assert _remaining(job("ready", "running", "queued"), since, now=130.0) == " | ~50s left"  # 10 + 40
+    assert _remaining(job("ready", "running", "queued"), since, now=150.0) == " | ~40s left"  # 0 + 40
+    assert _remaining(job("ready", "ready", "running"), since, now=160.0) == " | ~40s left"  # s2 is new
+    assert _remaining(job("ready", "ready", "running"), since, now=210.0) == " | running past the 40s average"
+    assert set(since) == {"s2"}  # what stopped running is forgotten
+    two_workers = job("ready", "running", "running", "queued", "queued")
+    assert _remaining(two_workers, {}, now=0.0) == " | ~1m 20s left"  # four times 40 s, over two workers

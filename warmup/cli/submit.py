@@ -123,13 +123,16 @@ def _follow(client: Any, job: dict[str, Any], timeout: float) -> int:
 
     started = time.monotonic()
     progress = _ProgressLine(sys.stderr)
+    running_since: dict[str, float] = {}
     while job["state"] not in ("ready", "failed"):
-        elapsed = time.monotonic() - started
+        now = time.monotonic()
+        elapsed = now - started
         if elapsed > timeout:
             progress.done()
             print(f"timed out after {timeout:.0f}s: {_counts_line(job)}", file=sys.stderr)
             return EXIT_TIMEOUT
-        progress.show(f"{_counts_line(job)} | elapsed {format_duration(elapsed)}{_remaining(job)}")
+        remaining = _remaining(job, running_since, now)
+        progress.show(f"{_counts_line(job)} | elapsed {format_duration(elapsed)}{remaining}")
         time.sleep(2.0)
         job = _poll(client, job["id"])
     progress.done()
@@ -179,19 +182,25 @@ def _counts_line(job: dict[str, Any]) -> str:
     )
 
 
-def _remaining(job: dict[str, Any]) -> str:
-    """Remaining time from the compile seconds of what is done, spread over the running workers."""
-    done = [
-        s["compile_seconds"]
-        for s in job.get("signatures", [])
-        if s["state"] == "ready" and s["compile_seconds"]
-    ]
-    counts = job.get("counts", {})
-    left = counts.get("queued", 0) + counts.get("running", 0)
-    if not done or not left:
+def _remaining(job: dict[str, Any], running_since: dict[str, float], now: float) -> str:
+    """Remaining time: each queued signature takes the average compile seconds of those done, each running
+    one that average less how long it has run (since this command first saw it running, so no clock is
+    compared with the server's), spread over the running workers. `running_since` is kept across polls."""
+    signatures = job.get("signatures", [])
+    running = {s["key"] for s in signatures if s["state"] == "running"}
+    for key in set(running_since) - running:
+        del running_since[key]
+    for key in running:
+        running_since.setdefault(key, now)
+    done = [s["compile_seconds"] for s in signatures if s["state"] == "ready" and s["compile_seconds"]]
+    queued = job.get("counts", {}).get("queued", 0)
+    if not done or not (queued or running):
         return ""
-    parallel = max(1, counts.get("running", 0))
-    return f" | ~{format_duration(sum(done) / len(done) * left / parallel)} left"
+    average = sum(done) / len(done)
+    work = queued * average + sum(max(0.0, average - (now - running_since[key])) for key in running)
+    if work <= 0:
+        return f" | running past the {format_duration(average)} average"
+    return f" | ~{format_duration(work / max(1, len(running)))} left"
 
 
 class _ProgressLine:
