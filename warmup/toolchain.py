@@ -88,6 +88,17 @@ IGNORED_ENV_NAMES = frozenset(
 )
 IGNORED_ENV_SUFFIXES = ("_CACHE_DIR", "_CACHE_URL", "_LOG", "_LOGS", "_VERBOSE", "_DEBUG_DIR")
 
+# `accelerate launch` (and so `trl <kind>`) exports its dynamo settings to every process it starts, at these
+# values when not asked otherwise; accelerate's TorchDynamoPlugin reads exactly these values when they are
+# absent, so a variable at its default is the same as unset (and a worker, not started by a launcher, has none).
+_FALSE_WORDS = frozenset({"false", "0", "no", "n", "f", "off"})  # accelerate's str_to_bool
+DEFAULT_ENV_VALUES: dict[str, frozenset[str]] = {
+    "ACCELERATE_DYNAMO_BACKEND": frozenset({"no"}),
+    "ACCELERATE_DYNAMO_MODE": frozenset({"default"}),
+    "ACCELERATE_DYNAMO_USE_FULLGRAPH": _FALSE_WORDS,
+    "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": _FALSE_WORDS,
+}
+
 # Compiler flags that name a location or the log level: they change no compiled graph.
 NEURON_CC_IGNORED_FLAGS = frozenset({"--cache_dir", "--cache-dir", "--verbose", "--logfile", "--log-file"})
 
@@ -198,6 +209,8 @@ def compile_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     for name, value in environ.items():
         relevant = name in COMPILE_ENV_NAMES or name.startswith(COMPILE_ENV_PREFIXES)
         if not relevant or name in IGNORED_ENV_NAMES or name.endswith(IGNORED_ENV_SUFFIXES):
+            continue
+        if value.strip().lower() in DEFAULT_ENV_VALUES.get(name, ()):
             continue
         selected[name] = value
     return dict(sorted(selected.items()))

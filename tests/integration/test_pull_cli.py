@@ -171,21 +171,23 @@ def test_print_env_and_exec_set_the_cache_and_the_compile_policy(
         [
             "bash",
             "-c",
-            'eval "$(cat)"; echo "$TORCHINDUCTOR_CACHE_DIR|$WARMUP_RECOMPILE_LIMIT|$WARMUP_SERVER"',
+            'eval "$(cat)"; echo "$TORCHINDUCTOR_CACHE_DIR|$WARMUP_RECOMPILE_LIMIT|$WARMUP_SERVER|$OMP_NUM_THREADS"',
         ],
         input=printed.stdout,
         capture_output=True,
         text=True,
     )
-    assert shell.stdout.strip() == f"{dest.resolve()}|{limit}|{api_url}"
+    # The thread count the cache was compiled for (in Inductor's key), so that no launcher picks another.
+    threads = os.environ.get("OMP_NUM_THREADS") or str(pod_toolchain.num_threads)
+    assert shell.stdout.strip() == f"{dest.resolve()}|{limit}|{api_url}|{threads}"
 
     # A pre-existing sitecustomize on the path still runs under exec.
     other = tmp_path / "image-site"
     other.mkdir()
     (other / "sitecustomize.py").write_text("import os\nos.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n")
     child = (
-        "import json, os, torch._dynamo.config as c; print(json.dumps({'limits': [c.recompile_limit, "
-        "c.accumulated_recompile_limit], 'env': {k: os.environ.get(k) for k in ('TORCHINDUCTOR_CACHE_DIR', "
+        "import json, os, torch, torch._dynamo.config as c; print(json.dumps({'limits': [c.recompile_limit, "
+        "c.accumulated_recompile_limit], 'threads': torch.get_num_threads(), 'env': {k: os.environ.get(k) for k in ('TORCHINDUCTOR_CACHE_DIR', "
         "'TORCH_COMPILE_CACHE_KEY_TAG', 'ACCELERATE_DYNAMO_USE_DYNAMIC', 'IMAGE_SITECUSTOMIZE', 'WARMUP_SERVER')},"
         " 'spec': json.loads(os.environ['WARMUP_SPEC'])['trainer']}))"
     )
@@ -196,6 +198,7 @@ def test_print_env_and_exec_set_the_cache_and_the_compile_policy(
     assert ran.returncode == 0, ran.stderr
     seen = json.loads(ran.stdout.strip().splitlines()[-1])
     assert seen["limits"] == [limit, accumulated]  # raised without warmup.activate
+    assert seen["threads"] == pod_toolchain.num_threads
     assert seen["env"]["TORCHINDUCTOR_CACHE_DIR"] == str(dest.resolve())
     assert seen["env"]["TORCH_COMPILE_CACHE_KEY_TAG"].startswith("trl-warmup;isa=")
     assert seen["env"]["ACCELERATE_DYNAMO_USE_DYNAMIC"] == "False"

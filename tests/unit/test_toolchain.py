@@ -102,6 +102,24 @@ def test_cache_dirs_and_policy_variables_stay_out_of_the_toolchain(monkeypatch):
     assert "TORCH_NEURONX_NEFF_CACHE_DIR" not in env
 
 
+def test_accelerate_launchs_dynamo_defaults_are_the_same_as_unset():
+    """`trl sft --config` runs under `accelerate launch`, which exports its dynamo settings at their defaults
+    to the training process; a worker has none. Only a value that changes what accelerate does counts."""
+    launched = {
+        "ACCELERATE_DYNAMO_BACKEND": "NO",
+        "ACCELERATE_DYNAMO_MODE": "default",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
+        "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "false",
+    }
+    assert compile_env(launched) == compile_env({}) == {}
+    asked = {**launched, "ACCELERATE_DYNAMO_MODE": "max-autotune", "ACCELERATE_DYNAMO_USE_FULLGRAPH": "True"}
+    assert compile_env(asked) == {
+        "ACCELERATE_DYNAMO_MODE": "max-autotune",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH": "True",
+    }
+
+
 def test_key_is_stable_and_changes_with_any_field():
     assert _toolchain().key() == _toolchain().key()
     assert _toolchain().key() != _toolchain(num_threads=4).key()

@@ -368,7 +368,7 @@ class Progress:
 
 def child_environment(spec: Any, result: Any, server: str | None = None) -> dict[str, str]:
     """What `warmup exec` sets for the command, and `pull --print-env` prints: the backend's cache
-    environment, the recompile limits (applied in every Python process by warmup/_sitecustomize), and
+    environment (on CPU with the thread count the cache was compiled for), the recompile limits (applied in every Python process by warmup/_sitecustomize), and
     the spec and server for the training callback."""
     from warmup._sitecustomize import DIRECTORY
     from warmup.backends import recompile_limits
@@ -376,6 +376,11 @@ def child_environment(spec: Any, result: Any, server: str | None = None) -> dict
     env = training_process_environment(
         result.manifest, result.dest, spec.target.world_size, getattr(result, "toolchain_source", "")
     )
+    threads = result.manifest.toolchain.get("num_threads")
+    if result.manifest.device == "cpu" and isinstance(threads, int) and not os.environ.get("OMP_NUM_THREADS"):
+        # The cache was compiled for this many threads per process (in Inductor's key). Left unset, a
+        # launcher picks its own: `accelerate launch` (so `trl sft --config`) gives even one process 1.
+        env["OMP_NUM_THREADS"] = str(threads)
     limit, accumulated = recompile_limits(result.manifest.plan_size)
     env["WARMUP_RECOMPILE_LIMIT"] = str(limit)
     env["WARMUP_ACCUMULATED_RECOMPILE_LIMIT"] = str(accumulated)
