@@ -106,6 +106,13 @@ NEURON_CC_IGNORED_FLAGS = frozenset({"--cache_dir", "--cache-dir", "--verbose", 
 DEFAULT_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}
 
 
+def _only_what_differs(ours: Any, theirs: Any) -> tuple[Any, Any]:
+    """Of two lists (kernel_paths), the items each has that the other lacks; other values whole."""
+    if isinstance(ours, list) and isinstance(theirs, list):
+        return [item for item in ours if item not in theirs], [item for item in theirs if item not in ours]
+    return ours, theirs
+
+
 class Toolchain(BaseModel):
     """The fingerprint of an environment, as far as compiled artifacts are concerned."""
 
@@ -127,6 +134,11 @@ class Toolchain(BaseModel):
     num_threads: int | None = Field(
         None, description="CPU: torch.get_num_threads() (in Inductor's key since 2.13)."
     )
+    kernel_paths: tuple[str, ...] | None = Field(
+        None,
+        description="CPU: the -I / -L directories of Inductor's C++ kernel command line (torch's and Python's "
+        "install locations), which is in every kernel's key: under another location every kernel is built again.",
+    )
     cuda: str | None = Field(None, description="CUDA: torch.version.cuda.")
     neuron_lnc: int | None = Field(None, description="Neuron: logical NeuronCore config (1 or 2).")
     compiler_flags: str | None = Field(None, description="Neuron: NEURON_CC_FLAGS, tokenised and sorted.")
@@ -147,7 +159,7 @@ class Toolchain(BaseModel):
             if field == "env":
                 continue
             if ours[field] != theirs[field]:
-                differences[field] = (ours[field], theirs[field])
+                differences[field] = _only_what_differs(ours[field], theirs[field])
         for name in sorted(set(self.env) | set(other.env)):
             if self.env.get(name) != other.env.get(name):
                 differences[f"env.{name}"] = (self.env.get(name), other.env.get(name))
@@ -284,7 +296,12 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
         "env": compile_env(),
     }
     if device == "cpu":
-        facts.update(device_kind="cpu", cpu_isa=isa, num_threads=training_threads(world_size))
+        facts.update(
+            device_kind="cpu",
+            cpu_isa=isa,
+            num_threads=training_threads(world_size),
+            kernel_paths=kernel_build_paths(),
+        )
     elif device == "cuda":
         if not torch.cuda.is_available():
             raise BackendUnavailableError(
@@ -308,7 +325,7 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
 TOOLCHAIN_MEMO = ".warmup-toolchain.json"
 # The image's memo: the exact toolchains computed with this install, by the facts they depend on.
 IMAGE_MEMO_ENV = "WARMUP_TOOLCHAIN_MEMO"
-IMAGE_MEMO_FORMAT = 1
+IMAGE_MEMO_FORMAT = 2  # 2: toolchains carry kernel_paths, and an install's facts its location
 # The fields of a toolchain fixed by the installed software; the others describe the machine.
 BUILD_FIELDS = (
     "backend",
@@ -323,6 +340,7 @@ BUILD_FIELDS = (
     "torch_neuronx",
     "neuronx_cc",
     "cuda",
+    "kernel_paths",
     "env",
 )
 ToolchainSource = Literal["remembered", "exact", "predicted", "computed"]
@@ -451,6 +469,8 @@ def cheap_facts(backend: str, device: str, world_size: int) -> tuple[dict[str, A
         "python": [os.path.realpath(sys.executable), platform.python_version()],
         "packages": {name: package_version(name) for name in packages},
         "torch_build": machine.torch_record_sha256() or _torch_sources_stat(),
+        # Two environments of the same wheel differ only here, and Inductor's kernel keys name it.
+        "torch_dir": str(machine.torch_package_dir()),
         "env": compile_env(),
     }
     machine_facts = {
@@ -654,6 +674,27 @@ def training_threads(world_size: int) -> int:
         return int(os.environ.get("OMP_NUM_THREADS") or 1)
     threads: int = torch.get_num_threads()
     return threads
+
+
+def kernel_build_paths() -> tuple[str, ...]:
+    """The include and library directories on Inductor's C++ kernel command line here. Inductor hashes
+    that command line with each kernel's source into the kernel's key (`CppCodeCache.load_async`,
+    `get_hashable_command_line`), so a cache built where torch or Python is installed elsewhere loads its
+    graphs and then builds every kernel again with g++ (seen with two venvs of the same wheels)."""
+    import shlex
+
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    options = CppTorchDeviceOptions(vec_isa=pick_vec_isa(), device_type="cpu")
+    tokens = shlex.split(CppBuilder(name="o", sources="i", BuildOption=options).get_command_line())
+    paths = []
+    for index, token in enumerate(tokens):
+        if token in ("-I", "-L") and index + 1 < len(tokens):
+            paths.append(token + tokens[index + 1])
+        elif token.startswith(("-I", "-L")) and len(token) > 2:
+            paths.append(token)
+    return tuple(paths)
 
 
 def cpu_vec_isa() -> str:

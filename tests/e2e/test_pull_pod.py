@@ -164,3 +164,49 @@ def test_submit_worker_pull_exec_train_then_a_reported_miss_is_warmed(
     assert {f.path for f in grown.files} <= {
         p.relative_to(from_store).as_posix() for p in from_store.rglob("*")
     }
+
+
+def test_the_config_a_team_passes_to_trl_sft_trains_under_exec_with_nothing_compiled(
+    services, user_weights_dir, tmp_path
+):
+    """The whole user path, with TRL's own CLI: the YAML `trl sft --config` trains with, planned with facts read
+    from the dataset on disk, warmed by a real worker, and `warmup exec --strict -- trl sft --config FILE`.
+
+    `trl sft` starts its script under `accelerate launch`, which gives the training process OMP_NUM_THREADS=1
+    (the thread count is in Inductor's key) and exports its dynamo settings: before exec pinned the thread
+    count, this run compiled every graph again (the strict callback stops it at the first step)."""
+    from tests.support.tiny_model import words
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"text": words(n, offset=n)} for n in (20, 35, 50, 65, 80, 95)]  # all pad to 128: one shape
+    (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = tmp_path / "sft.yaml"
+    config.write_text(
+        f"model_name_or_path: {user_weights_dir}\n"
+        f"dataset_name: {data}\n"
+        "max_length: 128\n"
+        "pad_to_multiple_of: 128\n"
+        "per_device_train_batch_size: 2\n"
+        "max_steps: 2\n"
+        "torch_compile: true\n"
+        "use_cpu: true  # TRL refuses its default bf16 on a CPU without it\n"
+        f"output_dir: {tmp_path / 'out'}\n"
+        "report_to: none\n"
+        "save_strategy: 'no'\n"
+    )
+    job = ["--trainer", "sft", "--target", "cpu", "--dataset", data]
+    trl = Path(sys.executable).with_name("trl")
+    with serve(services) as url:
+        submitted = run([sys.executable, "-m", "warmup", "submit", config, *job, "--server", url])
+        assert submitted.returncode == 0, submitted.stderr
+        assert [o.status for o in work_until_idle(services, tmp_path)] == ["done"]
+        command = [sys.executable, "-m", "warmup", "exec", config, *job, "--server", url]
+        command += ["--dest", tmp_path / "cache", "--strict", "--", trl, "sft", "--config", config]
+        trained = run(command)
+    assert trained.returncode == 0, f"{trained.stdout[-3000:]}\n{trained.stderr[-6000:]}"
+    assert "Training completed" in trained.stdout + trained.stderr
+    report = json.loads((tmp_path / "out" / "warmup-coverage.json").read_text())
+    assert report["fresh_compiles"] == 0 and report["details"]["new_files"] == 0, report["details"]
+    assert report["details"]["fresh"] == {}, report["details"]
+    assert report["missed"] == [] and len(report["met"]) == 1

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,27 @@ def test_current_toolchain_on_cpu_records_isa_threads_and_versions():
     assert toolchain.cpu_isa and toolchain.num_threads == torch.get_num_threads()
     assert toolchain.trl and toolchain.transformers and toolchain.accelerate
     assert toolchain.neuronx_cc is None and toolchain.compiler_flags is None
+    # Where torch and Python are installed: on every kernel's g++ command line, so in every kernel's key.
+    torch_include = f"-I{Path(torch.__file__).parent / 'include'}"
+    assert toolchain.kernel_paths and torch_include in toolchain.kernel_paths
+
+
+def test_another_install_location_is_a_mismatch_that_names_only_the_paths_that_differ():
+    """Two environments of the same wheels but in other folders build every kernel again (measured with two
+    venvs: the graphs hit, each kernel's g++ command line differs): the toolchains differ, by those paths."""
+    here = _toolchain(
+        kernel_paths=("-I/usr/include/python3.11", "-I/venv/a/torch/include", "-L/venv/a/torch/lib")
+    )
+    there = _toolchain(
+        kernel_paths=("-I/usr/include/python3.11", "-I/venv/b/torch/include", "-L/venv/b/torch/lib")
+    )
+    assert here.key() != there.key()
+    assert here.diff(there) == {
+        "kernel_paths": (
+            ["-I/venv/a/torch/include", "-L/venv/a/torch/lib"],
+            ["-I/venv/b/torch/include", "-L/venv/b/torch/lib"],
+        )
+    }
 
 
 @pytest.mark.process
