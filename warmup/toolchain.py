@@ -107,9 +107,12 @@ DEFAULT_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}
 
 
 def _only_what_differs(ours: Any, theirs: Any) -> tuple[Any, Any]:
-    """Of two lists (kernel_paths), the items each has that the other lacks; other values whole."""
+    """Of two lists (kernel_paths), the items each has that the other lacks (the whole lists when they hold
+    the same items in another order); other values whole."""
     if isinstance(ours, list) and isinstance(theirs, list):
-        return [item for item in ours if item not in theirs], [item for item in theirs if item not in ours]
+        only_ours, only_theirs = [i for i in ours if i not in theirs], [i for i in theirs if i not in ours]
+        if only_ours or only_theirs:
+            return only_ours, only_theirs
     return ours, theirs
 
 

@@ -81,6 +81,10 @@ def test_another_install_location_is_a_mismatch_that_names_only_the_paths_that_d
             ["-I/venv/b/torch/include", "-L/venv/b/torch/lib"],
         )
     }
+    reordered = _toolchain(kernel_paths=tuple(reversed(here.kernel_paths or ())))
+    assert here.diff(reordered) == {
+        "kernel_paths": (list(here.kernel_paths or ()), list(reordered.kernel_paths or ()))
+    }
 
 
 @pytest.mark.process

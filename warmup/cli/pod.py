@@ -368,8 +368,8 @@ class Progress:
 
 def child_environment(spec: Any, result: Any, server: str | None = None) -> dict[str, str]:
     """What `warmup exec` sets for the command, and `pull --print-env` prints: the backend's cache
-    environment (on CPU with the thread count the cache was compiled for), the recompile limits (applied in every Python process by warmup/_sitecustomize), and
-    the spec and server for the training callback."""
+    environment (on CPU with the thread count the cache was compiled for), the recompile limits (applied
+    in every Python process by warmup/_sitecustomize), and the spec and server for the training callback."""
     from warmup._sitecustomize import DIRECTORY
     from warmup.backends import recompile_limits
 
