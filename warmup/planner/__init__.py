@@ -190,8 +190,9 @@ def _world_size_notes(plan: PlanBuilder) -> None:
     if target.device == "cpu":
         plan.note(
             "each rank's CPU thread count is in the compile key, and the toolchain carries it: "
-            "OMP_NUM_THREADS, which torchrun sets to 1 when it starts several processes per node; a job of "
-            "one process per node sets OMP_NUM_THREADS where it pulls and where it trains"
+            "OMP_NUM_THREADS, which torchrun sets to 1 when it starts several processes per node; `warmup exec` "
+            "sets it to the cache's count when it is unset, so a job of one process per node that wants every "
+            "core sets OMP_NUM_THREADS where it pulls and where it trains"
         )
     elif target.device == "cuda":
         plan.warn(
