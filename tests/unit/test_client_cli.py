@@ -169,6 +169,8 @@ def test_submit_wait_names_the_missing_scope_when_the_service_refuses_to_show_th
 def test_submit_wait_counts_down_while_a_signature_compiles():
     """The estimate takes off how long a running signature has run, so it does not stand still; one that runs
     past the average says so rather than counting below zero."""
+    from collections import Counter
+
     from warmup.cli.submit import _remaining
 
     def job(*states: str) -> dict[str, object]:
@@ -176,10 +178,7 @@ def test_submit_wait_counts_down_while_a_signature_compiles():
             {"key": f"s{i}", "state": state, "compile_seconds": 40.0 if state == "ready" else None}
             for i, state in enumerate(states)
         ]
-        counts: dict[str, int] = {}
-        for state in states:
-            counts[state] = counts.get(state, 0) + 1
-        return {"signatures": signatures, "counts": counts}
+        return {"signatures": signatures, "counts": dict(Counter(states))}
 
     assert _remaining(job("queued", "running"), {}, now=0.0) == ""  # nothing done yet: no average
     since: dict[str, float] = {}
