@@ -32,7 +32,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 # OpenMP threads that wait sleep instead of spinning: the suite runs more processes than cores (its workers, the
 # processes they start, each with an OpenMP pool), and a spinning thread burns a core another process needs. The
-# full suite used a tenth less CPU and took 16:05 instead of 17:57 (README, Contributing). No cache key holds it.
+# full suite used a tenth less CPU and took 16:05 instead of 17:57 with three workers (README, Contributing). No cache key holds it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The toolchains a test run computes are remembered in a memo of the run's own (not the venv's image
 # memo, which would carry them into the next run): warmup.toolchain.resolve_toolchain.
@@ -77,9 +77,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker more than the cores. Every worker spends part of its time waiting (on a process
-    it started, a server, a lease), and a third worker on two cores fills those waits: the full suite took
-    17:57 with three workers, 20:16 with two and 18:31 with four on one 2-core machine, OpenMP threads
-    spinning in all three (README, Contributing)."""
+    it started, a server, a lease), and a third worker on two cores fills those waits: on one 2-core machine
+    the full suite took 16:05 with three workers and 18:00 with two (OpenMP waits passive; spinning, 17:57
+    with three, 20:16 with two and 18:31 with four; README, Contributing)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return cores + 1
 
