@@ -30,9 +30,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO_ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
 )
-# OpenMP threads that wait sleep instead of spinning: the suite runs more processes than cores (its workers, the
-# processes they start, each with an OpenMP pool), and a spinning thread burns a core another process needs. The
-# full suite used a tenth less CPU and took 16:05 instead of 17:57 with three workers (README, Contributing). No cache key holds it.
+# OpenMP threads that wait sleep instead of spinning: the suite runs more processes than cores (its workers,
+# the processes they start, each with an OpenMP pool), and a spinning thread burns a core another process
+# needs. With three workers the full suite used a tenth less CPU and took 16:05 instead of 17:57 (README,
+# Contributing). No cache key holds it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The toolchains a test run computes are remembered in a memo of the run's own (not the venv's image
 # memo, which would carry them into the next run): warmup.toolchain.resolve_toolchain.
