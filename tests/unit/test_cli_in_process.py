@@ -55,6 +55,17 @@ def test_a_misspelt_field_exits_2_with_one_line_naming_it(service, model_dir, tm
     assert last_error_line(capsys).startswith("error: invalid spec: args.max_lenght")
 
 
+def test_an_unknown_option_exits_2_with_the_commands_usage_and_the_option_meant(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["pull", "job.yaml", "--cache_dir", "/c"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: warmup pull ")
+    assert err.strip().endswith(
+        "warmup pull: error: unrecognized arguments: --cache_dir /c (did you mean --cache-dir?)"
+    )
+
+
 def test_an_unknown_trainer_exits_2_and_lists_the_trainers(model_dir, tmp_path, capsys):
     spec = spec_file(tmp_path, model_dir, trainer="orpo")
     assert main(["plan", str(spec)]) == 2

@@ -91,12 +91,19 @@ def test_the_client_side_imports_no_server_package_even_when_installed():
             ["python", "--", "--dest", "y"],
         ),
         (["exec", "--dest", "/c", "s.yaml", "train.sh", "-x"], {"dest": "/c"}, ["train.sh", "-x"]),
+        # the name `warmup warm` gives the same directory
+        (["exec", "s.yaml", "--cache-dir", "/c", "--", "train.sh"], {"dest": "/c"}, ["train.sh"]),
     ],
 )
 def test_exec_splits_its_options_from_the_command(argv, options, command):
     ns = build_parser().parse_args(argv)
     assert ns.argv == command and ns.spec == "s.yaml"
     assert {name: getattr(ns, name) for name in options} == options
+
+
+def test_pull_takes_the_cache_directory_by_the_name_warm_gives_it_too():
+    assert build_parser().parse_args(["pull", "s.yaml", "--cache-dir", "/c"]).dest == "/c"
+    assert build_parser().parse_args(["pull", "s.yaml", "--dest", "/c"]).dest == "/c"
 
 
 def test_exec_wants_the_command_after_a_double_dash(capsys):

@@ -16,6 +16,7 @@ spec); they never print a traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Sequence
 
@@ -50,10 +51,27 @@ def describe(error: WarmupError) -> str:
     return str(error)
 
 
+def _reject_unknown(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
+    """Exit 2 with the command's own usage (argparse would print the top level's) and the option meant,
+    where one is close: `warmup pull --cache_dir D` says `did you mean --cache-dir?`."""
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command_parser: argparse.ArgumentParser = commands.choices[command]
+    known = [option for action in command_parser._actions for option in action.option_strings]
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    for word in unknown:
+        close = difflib.get_close_matches(word.split("=")[0], known, n=1)
+        if word.startswith("-") and close:
+            message += f" (did you mean {close[0]}?)"
+            break
+    command_parser.error(message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
-    ns = parser.parse_args(argv)
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _reject_unknown(parser, ns.command, unknown)
     ns.command_argv = argv[1:]  # the command's own arguments (a worker supervisor re-executes with them)
     try:
         return int(ns.func(ns))

@@ -107,7 +107,12 @@ def add_pull_options(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="pull from the bucket instead of the service: s3://bucket/prefix (standard AWS_* credentials)",
     )
-    parser.add_argument("--dest", help="local cache directory to install into (required)")
+    parser.add_argument(
+        "--dest",
+        "--cache-dir",  # the name `warmup warm` gives the same directory
+        dest="dest",
+        help="local cache directory to install into (required)",
+    )
     parser.add_argument("--wait", action="store_true", help="wait for a warm-up that is not finished")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits (default 3600)")
     parser.add_argument(
