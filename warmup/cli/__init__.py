@@ -58,9 +58,8 @@ def _reject_unknown(parser: argparse.ArgumentParser, command: str, unknown: list
     command_parser: argparse.ArgumentParser = commands.choices[command]
     known = [option for action in command_parser._actions for option in action.option_strings]
     message = f"unrecognized arguments: {' '.join(unknown)}"
-    for word in unknown:
-        close = difflib.get_close_matches(word.split("=")[0], known, n=1)
-        if word.startswith("-") and close:
+    for option in (word.split("=")[0] for word in unknown if word.startswith("-")):
+        if close := difflib.get_close_matches(option, known, n=1):
             message += f" (did you mean {close[0]}?)"
             break
     command_parser.error(message)
