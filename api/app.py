@@ -9,13 +9,13 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from api.errors import BodySizeLimit, install_error_handlers
-from api.routes import advice, blobs, coverage, health, manifests, metrics, plans, status, warmups
-from api.routes.metrics import Metrics, PullCounter
-from api.schemas import ManifestRequest
-from api.services import Services
-from api.stats import Stats
 from warmup import __version__
+from warmup.api.errors import BodySizeLimit, install_error_handlers
+from warmup.api.routes import advice, blobs, coverage, health, manifests, metrics, plans, status, warmups
+from warmup.api.routes.metrics import Metrics, PullCounter
+from warmup.api.schemas import ManifestRequest
+from warmup.api.services import Services
+from warmup.api.stats import Stats
 from warmup.settings import Settings
 
 

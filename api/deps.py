@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from api.services import Services
+from warmup.api.services import Services
 from warmup.db.tokens import grants
 from warmup.errors import AuthError
 

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, case, func, select
 from sqlalchemy.orm import QueryableAttribute
 from sqlalchemy.sql.elements import ColumnElement
 
-from api.services import TTLCache
+from warmup.api.services import TTLCache
 from warmup.db import models as m
 from warmup.db.columns import db_now
 from warmup.db.engine import make_sessionmaker

@@ -54,9 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_pull import record_entries
 from warm_runs import HIGH, LOW, SPLITS, TRAIN_JOB, Job, make_job, warm
 
-from api.services import Services
 from tests.support.live_server import serve
 from tests.support.seaweed import seaweedfs
+from warmup.api.services import Services
 from warmup.backends import get_backend
 from warmup.planner import plan_spec
 from warmup.settings import Settings

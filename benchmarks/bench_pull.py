@@ -46,11 +46,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.services import Services
 from tests.support.live_server import serve
 from tests.support.pods import publish
 from tests.support.seaweed import seaweedfs
 from tests.support.tiny_model import write_tiny_model
+from warmup.api.services import Services
 from warmup.artifacts import ArtifactFile
 from warmup.backends import get_backend
 from warmup.db.records import FileRef, Keyed

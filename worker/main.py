@@ -1,4 +1,4 @@
-"""`warmup worker` (or `python -m worker`): run workers on this host.
+"""`warmup worker` (or `python -m warmup.worker`): run workers on this host.
 
 With `--concurrency N` it starts N worker processes and supervises them: each is this same command,
 re-executed with its own arguments and a concurrency of 1. On Neuron each process gets its own
@@ -21,7 +21,7 @@ from warmup.db.migrate import require_migrated
 from warmup.errors import WarmupError
 from warmup.logs import configure_logging
 from warmup.settings import Settings, add_options, settings_from
-from worker.loop import Worker, WorkerOptions
+from warmup.worker.loop import Worker, WorkerOptions
 
 # NeuronCore groups per number of worker processes on a 4-core host (trn2.3xlarge at LNC=2).
 NEURON_CORE_GROUPS = {1: ["0-3"], 2: ["0,1", "2,3"], 4: ["0", "1", "2", "3"]}
@@ -61,7 +61,7 @@ def supervise(settings: Settings, argv: Sequence[str]) -> int:
         if groups:
             env["NEURON_RT_VISIBLE_CORES"] = groups[index]
         # The last --concurrency wins: each child is one worker process.
-        command = [sys.executable, "-m", "worker", *argv, "--concurrency", "1"]
+        command = [sys.executable, "-m", "warmup.worker", *argv, "--concurrency", "1"]
         children.append(subprocess.Popen(command, env=env))
 
     def forward(signum: int, _frame: object) -> None:

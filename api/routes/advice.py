@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import ReadAccess, ServicesDep
-from api.schemas import AdviceRequest
 from warmup.advise import Advice, advise
+from warmup.api.deps import ReadAccess, ServicesDep
+from warmup.api.schemas import AdviceRequest
 
 router = APIRouter(prefix="/v1", tags=["advice"])
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from fastapi import APIRouter, Path
 from fastapi.responses import Response, StreamingResponse
 
-from api.deps import ReadAccess, ServicesDep
+from warmup.api.deps import ReadAccess, ServicesDep
 from warmup.manifest import SHA256_PATTERN
 
 router = APIRouter(prefix="/v1", tags=["blobs"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import ReadAccess, ServicesDep
-from api.schemas import CoverageRequest, CoverageResponse
+from warmup.api.deps import ReadAccess, ServicesDep
+from warmup.api.schemas import CoverageRequest, CoverageResponse
 from warmup.db.records import Keyed
 from warmup.errors import SpecError
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from api.deps import ServicesDep
-from api.errors import DATABASE_RETRY_AFTER_S
+from warmup.api.deps import ServicesDep
+from warmup.api.errors import DATABASE_RETRY_AFTER_S
 
 router = APIRouter(tags=["health"])
 

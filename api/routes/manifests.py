@@ -16,9 +16,9 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import ReadAccess, ServicesDep
-from api.schemas import ManifestRequest
-from api.services import Services
+from warmup.api.deps import ReadAccess, ServicesDep
+from warmup.api.schemas import ManifestRequest
+from warmup.api.services import Services
 from warmup.db.manifests import build_manifest
 from warmup.db.records import Keyed
 from warmup.errors import NotWarmedError, PartlyWarmedError, ToolchainMismatchError

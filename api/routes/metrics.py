@@ -18,8 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.deps import authorize, bearer_token
-from api.stats import Histogram, Stats
+from warmup.api.deps import authorize, bearer_token
+from warmup.api.stats import Histogram, Stats
 
 router = APIRouter(tags=["metrics"])
 log = logging.getLogger("warmup.metrics")

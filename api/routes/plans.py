@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import ReadAccess, ServicesDep
-from api.schemas import PlannedSignature, PlanRequest, PlanResponse
+from warmup.api.deps import ReadAccess, ServicesDep
+from warmup.api.schemas import PlannedSignature, PlanRequest, PlanResponse
 from warmup.planner import estimate_seconds
 
 router = APIRouter(prefix="/v1", tags=["plans"])

@@ -20,10 +20,10 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from api.deps import ServicesDep, authorize, bearer_token
-from api.stats import CacheRow, CoveragePoint, Stats
 from warmup import __version__
 from warmup.advise import Advice, AdviceOption
+from warmup.api.deps import ServicesDep, authorize, bearer_token
+from warmup.api.stats import CacheRow, CoveragePoint, Stats
 from warmup.db.records import JobStatus, SignatureStatus
 from warmup.db.repository import Repository
 from warmup.formatting import format_duration

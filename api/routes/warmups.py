@@ -6,8 +6,8 @@ import uuid
 
 from fastapi import APIRouter, Path, Query, Response
 
-from api.deps import JobAccess, ReadAccess, ServicesDep, SubmitAccess
-from api.schemas import DATABASE_INT_MAX, WarmupRequest
+from warmup.api.deps import JobAccess, ReadAccess, ServicesDep, SubmitAccess
+from warmup.api.schemas import DATABASE_INT_MAX, WarmupRequest
 from warmup.db.records import CoverageReportRecord, JobStatus, JobSummary, Keyed, TaskLog
 from warmup.errors import JobNotFoundError, RehearsalError, SpecError
 from warmup.rehearsal.units import require_rehearsable

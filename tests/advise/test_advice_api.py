@@ -8,11 +8,11 @@ import random
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.services import Services
 from tests.fixtures.factories import cpu_toolchain
 from tests.support.length_data import DISTRIBUTIONS
 from warmup.advise import DatasetLengths, SplitLengths, advise, lengths_from_histogram
+from warmup.api.app import create_app
+from warmup.api.services import Services
 from warmup.settings import Settings
 from warmup.spec import load_spec
 

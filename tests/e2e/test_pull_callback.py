@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from api.services import Services
 from tests.e2e.helpers import write_spec
 from tests.support.live_server import serve
+from warmup.api.services import Services
 from warmup.client import ServiceClient
 from warmup.planner import plan_spec
 from warmup.settings import Settings

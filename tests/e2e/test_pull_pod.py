@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from api.services import Services
 from tests.e2e.helpers import run, write_spec
 from tests.support.live_server import serve
+from warmup.api.services import Services
 from warmup.backends import recompile_limits
 from warmup.client import ServiceClient, read_local_manifest
 from warmup.planner import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
-from worker.loop import Worker, WorkerOptions
+from warmup.worker.loop import Worker, WorkerOptions
 
 pytestmark = [pytest.mark.compile, pytest.mark.process]
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.services import Services
 from tests.fixtures.factories import cpu_toolchain
 from tests.support.live_server import serve
 from tests.support.tiny_model import write_tiny_model
+from warmup.api.app import create_app
+from warmup.api.services import Services
 from warmup.client import HttpBlobSource, ServiceClient, install
 from warmup.db.records import FileRef
 from warmup.db.tokens import TokenStore

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from api.services import Services
 from tests.support.live_server import serve
 from tests.support.pods import HostileService, hostile_manifest, hostile_service, play_worker, publish
 from tests.support.tiny_model import write_tiny_model
+from warmup.api.services import Services
 from warmup.backends import recompile_limits
 from warmup.client import INDEX_NAME, ServiceClient, install, pull, read_local_manifest
 from warmup.errors import BlobIntegrityError, ToolchainMismatchError, UnsafeArtifactError
@@ -288,7 +288,7 @@ def test_entries_of_our_own_toolchain_that_land_during_a_manifest_build_are_not_
     """A worker can commit the first entry of a job between the manifest's build (all missing) and the
     mismatch check, and publish its manifest between a bucket read and the listing: both are "not warm
     yet" (which --wait polls on), never a toolchain mismatch that names no difference."""
-    from api.routes.manifests import _raise_mismatch_or_not_warmed
+    from warmup.api.routes.manifests import _raise_mismatch_or_not_warmed
     from warmup.client.pulling import bucket_manifest
     from warmup.errors import BlobNotFoundError, NotWarmedError
 

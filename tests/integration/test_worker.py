@@ -29,7 +29,7 @@ from warmup.signature import Signature
 from warmup.spec import load_spec
 from warmup.store import open_store
 from warmup.toolchain import current_toolchain
-from worker.loop import Worker, WorkerOptions
+from warmup.worker.loop import Worker, WorkerOptions
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +226,7 @@ def test_sigterm_with_nothing_running_exits_cleanly(sqlite_url, tmp_path):
 def test_a_worker_on_a_database_never_migrated_says_so_in_one_line(tmp_path, capsys, concurrency):
     """A worker does not migrate (the service does as it starts): a fresh database is named, not a missing
     table's traceback, and a group of workers says it once, before starting its processes."""
-    from worker.main import main
+    from warmup.worker.main import main
 
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     options = ["--database-url", url, "--store", str(tmp_path / "blobs"), "--exit-when-idle"]

@@ -14,7 +14,7 @@ from warmup.db.engine import make_engine
 from warmup.db.queue import TaskQueue
 from warmup.logs import configure_logging, log_context, redact
 from warmup.store import LocalBlobStore
-from worker.loop import Worker, WorkerOptions
+from warmup.worker.loop import Worker, WorkerOptions
 
 SECRETS = {
     "Authorization: Bearer wu_AAAAbbbbCCCCdddd1234": "wu_AAAAbbbbCCCCdddd1234",

@@ -8,9 +8,9 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.app import create_app
-from api.services import Services
 from tests.fixtures import factories
+from warmup.api.app import create_app
+from warmup.api.services import Services
 from warmup.db.tokens import TokenStore
 from warmup.settings import Settings
 

@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 from sqlalchemy import update
 
-from api.services import Services
 from tests.fixtures import factories
 from tests.ops.chromium import Chromium, ensure_chromium
 from tests.support.live_server import serve
+from warmup.api.services import Services
 from warmup.db import models as m
 from warmup.db.columns import db_now
 from warmup.db.records import FileRef

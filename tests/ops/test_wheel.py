@@ -40,6 +40,13 @@ def test_the_installed_wheel_migrates_a_database_with_its_own_migrations(tmp_pat
     assert (installed / "warmup" / "db" / "migrations" / "versions").is_dir()
     assert not (installed / "warmup" / "db" / "migrations").is_symlink()  # the files, not the link
     assert any((installed / "warmup" / "client" / "__pycache__").glob("pulling.*.pyc"))  # compiled by pip
+    # One top-level import name: the service's folders install under it, as files, templates included.
+    top_level = {p.name for p in installed.iterdir() if not p.name.endswith(".dist-info")} - {"bin"}
+    assert top_level == {"warmup"}
+    for linked in ("api", "worker"):
+        assert (installed / "warmup" / linked / "__init__.py").is_file()
+        assert not (installed / "warmup" / linked).is_symlink()
+    assert (installed / "warmup" / "api" / "templates" / "status.html").is_file()
 
     # Away from the checkout, with the installed package first on the path (its dependencies come
     # from this environment).
@@ -56,3 +63,14 @@ def test_the_installed_wheel_migrates_a_database_with_its_own_migrations(tmp_pat
     result = json.loads(done.stdout)
     assert Path(result["module"]).is_relative_to(installed)
     assert result["revision"] == head_revision() is not None
+
+    names = subprocess.run(
+        [sys.executable, "-c", "import warmup.api.app, warmup.worker.main\nimport api"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert names.returncode == 1
+    assert "ModuleNotFoundError: No module named 'api'" in names.stderr

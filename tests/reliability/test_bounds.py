@@ -19,11 +19,11 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.app import create_app
-from api.services import Services
 from tests.fixtures.factories import cpu_toolchain
 from tests.reliability.ledger import Row, record
 from tests.support.tiny_model import write_tiny_model
+from warmup.api.app import create_app
+from warmup.api.services import Services
 from warmup.errors import PlanTooLargeError
 from warmup.planner import MAX_SIGNATURES, plan_spec
 from warmup.planner.common import padded_lengths

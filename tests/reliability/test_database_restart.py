@@ -40,12 +40,12 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from api.services import Services
 from tests.fixtures.factories import artifact, eager_signatures, one_signature_sft
 from tests.fixtures.services import PostgresServer, _postgres_bindir, _tail, free_port
 from tests.reliability.audit import audit_store
 from tests.reliability.ledger import Row, record
 from tests.support.live_server import serve
+from warmup.api.services import Services
 from warmup.db import models as m
 from warmup.db.engine import POSTGRES_CONNECT_TIMEOUT_S, make_engine
 from warmup.db.migrate import upgrade

@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS
 
-from api.app import create_app
-from api.services import Services
 from tests.fixtures.factories import cpu_toolchain
 from tests.reliability.ledger import Row, record
 from tests.support.tiny_model import write_tiny_model
+from warmup.api.app import create_app
+from warmup.api.services import Services
 from warmup.db.tokens import TokenStore
 from warmup.settings import Settings
 from warmup.spec import MAX_NESTING, MAX_WORLD_SIZE, TRAINER_KINDS, DataFacts, Spec, Target

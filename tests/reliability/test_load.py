@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from api.services import TTLCache
 from tests.reliability.audit import audit_store
 from tests.reliability.ledger import Row, record
 from tests.support.load import LoadConfig, LoadResult, installed_mismatches, percentile, run_load
+from warmup.api.services import TTLCache
 from warmup.db.engine import make_engine
 from warmup.store import open_store
 

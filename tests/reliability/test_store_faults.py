@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from api.services import Services
 from tests.reliability.audit import audit_store
 from tests.reliability.ledger import Row, record
 from tests.support.fault_proxy import FaultProxy
 from tests.support.live_server import serve
 from tests.support.pods import play_worker, publish
 from tests.support.tiny_model import write_tiny_model
+from warmup.api.services import Services
 from warmup.artifacts import ArtifactFile
 from warmup.client import pull
 from warmup.db import models as m
@@ -48,7 +48,7 @@ from warmup.settings import Settings
 from warmup.spec import Spec, load_spec
 from warmup.store import MiB, S3BlobStore, blob_key
 from warmup.toolchain import Toolchain, current_toolchain, remember_toolchain
-from worker.loop import Worker, WorkerOptions
+from warmup.worker.loop import Worker, WorkerOptions
 
 PREFIX = "warmup"
 ONE_IN = 5  # the flaky store fails every 5th request

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from api.app import create_app
-from api.services import Services
+from warmup.api.app import create_app
+from warmup.api.services import Services
 
 
 def _free_port() -> int:

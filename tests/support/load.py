@@ -494,7 +494,7 @@ def _publish(
     database_url: str,
     store_url: str,
 ) -> dict[str, str]:
-    from api.services import Services
+    from warmup.api.services import Services
     from warmup.settings import Settings
     from warmup.spec import load_spec
     from warmup.toolchain import Toolchain

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from api.services import Services
+from warmup.api.services import Services
 from warmup.db.manifests import build_manifest, publish_manifest
 from warmup.db.records import FileRef, Keyed
 from warmup.planner import plan_spec

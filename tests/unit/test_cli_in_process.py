@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.services import Services
 from tests.fixtures.factories import one_signature_sft
 from tests.support.live_server import serve
 from tests.support.tiny_model import write_tiny_model
+from warmup.api.services import Services
 from warmup.cli import main
 from warmup.settings import Settings
 

@@ -89,8 +89,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], *, with_o
 def cmd_serve(ns: argparse.Namespace) -> int:
     import uvicorn
 
-    from api.app import create_app
-    from api.services import Services
+    from warmup.api.app import create_app
+    from warmup.api.services import Services
     from warmup.logs import configure_logging, redact
     from warmup.settings import settings_from
 
@@ -102,7 +102,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     services = Services.start(settings)
     worker = None
     if not ns.no_worker:
-        from worker.loop import Worker, WorkerOptions
+        from warmup.worker.loop import Worker, WorkerOptions
 
         work_dir = settings.data_dir / "work"
         work_dir.mkdir(parents=True, exist_ok=True)
@@ -144,7 +144,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
 def cmd_worker(ns: argparse.Namespace) -> int:
     from warmup.settings import settings_from
-    from worker.main import run
+    from warmup.worker.main import run
 
     return run(settings_from(ns, "worker"), ns.command_argv)
 
