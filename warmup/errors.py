@@ -59,6 +59,11 @@ class EmptyPlanError(SpecError):
     would warm nothing and report success. Names the missing fact."""
 
 
+class UnsupportedLaunchError(SpecError):
+    """The job's launch (FSDP, DeepSpeed ZeRO) cannot be warmed faithfully on its target: names the reason and the
+    nearest mode that works."""
+
+
 class DatasetError(SpecError):
     """The dataset whose facts were asked for cannot be read as the trainer reads it."""
 

@@ -52,6 +52,12 @@ class Signature(BaseModel):
         "pass the target does not compile (listed because the job hits it; nothing to warm)."
     )
     world_size: PositiveInt = Field(1, description="Training processes; DDP changes the compiled graphs.")
+    sharding: str | None = Field(
+        None,
+        description="The sharding wrapper the graphs are compiled under, where it changes them: 'fsdp2', 'fsdp1', "
+        "'zero1', 'zero2', 'zero3', with ':ac' when FSDP checkpoints activations (docs/multi-node.md); None under DDP "
+        "or one process.",
+    )
     settings: dict[str, SettingValue] = Field(
         default_factory=dict,
         description="Trainer switches that change the graph (loss_type, padding_free, ...).",
@@ -61,6 +67,8 @@ class Signature(BaseModel):
         """sha256 of the canonical JSON of every field: the signature's identity."""
         # Only Signature's own fields: a subclass adding fields (the API's PlannedSignature) keeps the key.
         own = self.model_dump(mode="json", include=set(Signature.model_fields), by_alias=False)
+        if own["sharding"] is None:  # added later: a job without it keeps the key it always had
+            del own["sharding"]
         canonical = json.dumps(own, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -91,14 +91,36 @@ class Launch:
     """What `accelerate launch` is told, as far as the compiled graphs care."""
 
     processes: int | None = None  # --num_processes (all machines together), else the accelerate config's
+    machines: int | None = None  # num_machines as given or the file's; None when neither says (1)
     distributed_type: str = "NO"  # NO, MULTI_GPU, DEEPSPEED, FSDP, ...
     mixed_precision: str | None = None
     dynamo_backend: str | None = None  # compile every prepared module, even with torch_compile off
     dynamo_mode: str | None = None
     dynamo_dynamic: bool | None = None
     zero_stage: int | None = None
+    # The device the optimizer state / the parameters (ZeRO-3) are offloaded to: "cpu", "nvme"; None: not offloaded.
+    offload_optimizer: str | None = None
+    offload_param: str | None = None
+    fsdp_version: int | None = None  # 1 (FullyShardedDataParallel) or 2 (fully_shard)
+    # accelerate's fsdp_config keys without the `fsdp_` prefix (activation_checkpointing, offload_params, ...).
+    fsdp: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
     sequence_parallel: int = 1  # context / sequence parallel size: sequences are split across processes
     source: str | None = None  # the accelerate config file
+
+    @property
+    def sharded(self) -> bool:
+        """DeepSpeed or FSDP wrap and shard the model (graphs differ from a DDP run's)."""
+        return self.distributed_type in ("DEEPSPEED", "FSDP")
+
+    def describe(self) -> str:
+        """The mode in words, e.g. "DeepSpeed ZeRO-3 from accelerate_config zero3"."""
+        if self.distributed_type == "DEEPSPEED":
+            mode = "DeepSpeed" + (f" ZeRO-{self.zero_stage}" if self.zero_stage is not None else "")
+        elif self.distributed_type == "FSDP":
+            mode = f"FSDP{self.fsdp_version or ''}"
+        else:
+            mode = self.distributed_type
+        return f"{mode} from {self.source or 'accelerate launch flags'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,14 +300,27 @@ def _launch_facts(flags: dict[str, Any], config_file: str | None, named: str | N
     sequence = 1
     for key in ("parallelism_config_cp_size", "parallelism_config_sp_size"):
         sequence *= int(flags.get(key) or parallel.get(key) or 1)
+    # The reading of the sharding keys is issue 29's (branch launch-keys); this is the least the sharded rehearsal needs.
+    fsdp = {str(k).removeprefix("fsdp_"): v for k, v in (config.get("fsdp_config") or {}).items()}
+    fsdp_version = flags.get("fsdp_version") or fsdp.pop("version", None)
+
+    def offload(key: str) -> str | None:
+        device = flags.get(key) or deepspeed.get(key)
+        return None if device in (None, "none") else str(device)
+
     return Launch(
         processes=value("num_processes"),
+        machines=value("num_machines"),
         distributed_type=distributed,
         mixed_precision=value("mixed_precision"),
         dynamo_backend=None if str(backend or "no").lower() == "no" else str(backend).lower(),
         dynamo_mode=flags.get("dynamo_mode") or dynamo.get("dynamo_mode"),
         dynamo_dynamic=flags.get("dynamo_use_dynamic") or dynamo.get("dynamo_use_dynamic"),
         zero_stage=flags.get("zero_stage") or deepspeed.get("zero_stage"),
+        offload_optimizer=offload("offload_optimizer_device") if distributed == "DEEPSPEED" else None,
+        offload_param=offload("offload_param_device") if distributed == "DEEPSPEED" else None,
+        fsdp_version=int(fsdp_version or 1) if distributed == "FSDP" else None,
+        fsdp=fsdp if distributed == "FSDP" else {},
         sequence_parallel=sequence,
         source=f"accelerate_config {named}" if named else None,
     )

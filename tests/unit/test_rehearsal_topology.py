@@ -27,7 +27,8 @@ def spec(model, trainer="sft", args=None, world_size=1, target=CPU, data=None):
 
 
 def processes(job):
-    return rehearsal_processes(job, resolve_trainer_args(job).config)
+    args = resolve_trainer_args(job)
+    return rehearsal_processes(job, args.config, args.launch)
 
 
 @pytest.mark.parametrize(("trainer", "world", "expected"), [("sft", 1, 1), ("sft", 3, 2), ("dpo", 64, 2)])

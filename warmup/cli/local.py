@@ -41,9 +41,12 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         return 0
     rows = [
         (i, s.phase, s.batch, s.seq_len, s.cache_len, s.model, s.dtype, s.compile)
+        + ((s.sharding,) if s.sharding else ())
         for i, s in enumerate(plan.signatures, 1)
     ]
-    headers = ("#", "phase", "batch", "seq_len", "cache_len", "model", "dtype", "compile")
+    headers: tuple[str, ...] = ("#", "phase", "batch", "seq_len", "cache_len", "model", "dtype", "compile")
+    if any(s.sharding for s in plan.signatures):
+        headers += ("sharding",)
     print(format_table(headers, rows, right={0, 2, 3, 4}))
     estimates = ", ".join(
         f"{backend} ~{format_duration(sum(estimate_seconds(s, backend) for s in plan.signatures))}"

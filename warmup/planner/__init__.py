@@ -98,13 +98,6 @@ def _config_warnings(plan: PlanBuilder) -> None:
     for note in plan.args.notes:
         plan.warn(note)
     launch = plan.args.launch
-    if launch.distributed_type in ("DEEPSPEED", "FSDP"):
-        stage = f" ZeRO-{launch.zero_stage}" if launch.zero_stage else ""
-        plan.warn(
-            f"the launcher runs {launch.distributed_type}{stage} ({launch.source or 'accelerate launch flags'}): the "
-            "shapes per process are as listed, but the engine wraps and shards the model, which changes the compiled "
-            "graphs; warm-up rehearses under DDP, so it cannot warm this job (warmup warm / submit refuse it)"
-        )
     if launch.sequence_parallel > 1:
         plan.warn(
             f"context / sequence parallelism of {launch.sequence_parallel} splits every sequence across processes: "
@@ -163,24 +156,33 @@ def _target_warnings(plan: PlanBuilder) -> None:
 def _world_size_notes(plan: PlanBuilder) -> None:
     """What of a job of several processes depends on its world size, and how it is warmed (see
     warmup/planner/topology.py and docs/multi-node.md)."""
+    from warmup.planner import sharding
     from warmup.planner.topology import rehearsal_processes
 
     target = plan.spec.target
     world = target.world_size
+    launch = plan.args.launch
+    sharding.check_launch(plan.spec, launch, bool(plan.args.given.get("use_cpu")))
+    processes = rehearsal_processes(plan.spec, plan.args.config, launch)
+    said, warned = sharding.notes(plan.spec, launch, processes, plan.args.config)
+    for message in said:
+        plan.note(message)
+    for message in warned:
+        plan.warn(message)
     if world == 1:
         return
-    processes = rehearsal_processes(plan.spec, plan.args.config)
-    why = (
-        ""
-        if processes == 2
-        else " (the fewest at which every global generation batch holds whole groups of num_generations)"
-    )
-    plan.note(
-        f"world_size {world}: under DDP each rank compiles the same graphs at any world size above 1 (no "
-        f"collective is inside a compiled graph), so the warm-up runs {processes} processes{why}; the "
-        f"shapes listed are those of each rank of a job of {world} processes"
-    )
-    if target.backend == "inductor" and plan.args.compile_backend is not None:
+    if not launch.sharded:
+        why = (
+            ""
+            if processes == 2
+            else " (the fewest at which every global generation batch holds whole groups of num_generations)"
+        )
+        plan.note(
+            f"world_size {world}: under DDP each rank compiles the same graphs at any world size above 1 (no "
+            f"collective is inside a compiled graph), so the warm-up runs {processes} processes{why}; the "
+            f"shapes listed are those of each rank of a job of {world} processes"
+        )
+    if target.backend == "inductor" and plan.args.compile_backend is not None and not launch.sharded:
         plan.warn(
             "under DDP, Dynamo splits a model larger than DDP's first gradient bucket (1 MB) into one graph per "
             "bucket, and torch 2.13's AOTAutograd cache skips those graphs (\"fakify_first_call\"): Inductor's "
@@ -194,13 +196,13 @@ def _world_size_notes(plan: PlanBuilder) -> None:
             "sets it to the cache's count when it is unset, so a job of one process per node that wants every "
             "core sets OMP_NUM_THREADS where it pulls and where it trains"
         )
-    elif target.device == "cuda":
+    elif target.device == "cuda" and not launch.sharded:
         plan.warn(
             "the GPU index is in Inductor's compile key: start training with `torchrun --virtual-local-rank` "
             "(every rank sees its GPU as cuda:0, as the warm-up's ranks do), or each local rank but the first "
             "compiles its own graphs"
         )
-    else:
+    elif not launch.sharded:
         plan.note(
             "not verified on Trainium: TorchNeuron keys a graph by its HLO, the same on every rank, and DDP's "
             "all-reduce runs outside the compiled graph, but whether its collectives compile per world size is "

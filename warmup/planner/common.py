@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from warmup.errors import FieldProblem, PlanTooLargeError
 from warmup.model_facts import ModelFacts
+from warmup.planner.sharding import sharding_label
 from warmup.signature import Phase, Plan, SettingValue, Signature
 from warmup.spec import DataFacts, Spec
 from warmup.trl_args import TrainerArgs
@@ -214,6 +215,7 @@ class PlanBuilder:
             frozen=graph_hash(self.spec.peft) if self.spec.peft else None,
             compile=self._compile_label_for(runs_on),
             world_size=self.world_size,
+            sharding=sharding_label(self.args.launch),
             settings=settings or {},
         )
         key = signature.key()

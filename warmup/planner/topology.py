@@ -18,26 +18,29 @@ of the world size reaches an entry. What does differ:
 
 So a job of N > 1 processes is rehearsed with the fewest W >= 2 at which TRL accepts that per-rank
 config: 2, unless GRPO/RLOO's global batches must hold whole groups of `num_generations`
-completions (W x per-rank rows divisible by it), which can need up to N.
+completions (W x per-rank rows divisible by it), which can need up to N. A sharded job (FSDP, DeepSpeed
+ZeRO) follows warmup/planner/sharding.py: its graphs do not depend on the world size either, except on Neuron.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from warmup.planner import sharding
 from warmup.spec import Spec
+from warmup.trl_config import Launch
 
 ONLINE_TRAINERS = ("grpo", "rloo")
 
 
-def rehearsal_processes(spec: Spec, config: Any) -> int:
-    """The number of processes that rehearse `spec`; `config` is its TRL config resolved for its target."""
+def rehearsal_processes(spec: Spec, config: Any, launch: Launch) -> int:
+    """The number of processes that rehearse `spec`; `config` is its TRL config resolved for its target, `launch`
+    what its launcher runs."""
     world = spec.target.world_size
-    if world == 1:
-        return 1
-    if spec.trainer not in ONLINE_TRAINERS:
-        return 2
-    return next(size for size in range(2, world + 1) if _whole_groups(config, size))
+    fewest = 1 if world == 1 else 2
+    if spec.trainer in ONLINE_TRAINERS and world > 1:
+        fewest = next(size for size in range(2, world + 1) if _whole_groups(config, size))
+    return max(fewest, sharding.rehearsal_processes(spec, launch) or 0)
 
 
 def _whole_groups(config: Any, processes: int) -> bool:

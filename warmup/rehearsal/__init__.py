@@ -519,7 +519,12 @@ class _Session:
 
 def _supervisor_error(event: dict[str, Any]) -> WarmupError:
     """The error the supervisor met while planning, as the same exception class where possible."""
-    if event.get("type") in ("SpecError", "UnknownTrainerError", "PlanTooLargeError"):
+    if event.get("type") in (
+        "SpecError",
+        "UnknownTrainerError",
+        "PlanTooLargeError",
+        "UnsupportedLaunchError",
+    ):
         planning_error: type[WarmupError] = getattr(errors, event["type"])
         return planning_error(
             [FieldProblem(loc, msg) for loc, msg in event.get("problems") or []] or event["message"]

@@ -36,6 +36,8 @@ from typing import Any
 from warmup.backends import get_backend
 from warmup.errors import RehearsalError, WarmupError
 from warmup.peft_args import lora_config
+from warmup.planner.sharding import check_launch
+from warmup.rehearsal.cpu_sharding import shard_on_cpu
 from warmup.rehearsal.data import (
     TextMaker,
     kto_rows,
@@ -387,11 +389,9 @@ def build_config(job: RunJob) -> Any:
     if parsed.problems:
         raise RehearsalError("TRL refuses the job's config: " + "; ".join(str(p) for p in parsed.problems))
     launch = parsed.launch
-    if launch.distributed_type in ("DEEPSPEED", "FSDP"):
-        raise RehearsalError(
-            f"the job runs under {launch.distributed_type} ({launch.source or 'accelerate launch flags'}), which wraps and "
-            "shards the model and so compiles other graphs than the DDP run a rehearsal makes: it cannot be warmed faithfully"
-        )
+    check_launch(spec, launch, bool(parsed.trainer.get("use_cpu")))
+    if launch.distributed_type == "FSDP" and spec.target.device == "cpu":
+        shard_on_cpu()  # accelerate sets up FSDP only on an accelerator: take that path with the CPU as the device
     kwargs = {**parsed.trainer, **{name: value for name, value in overrides.items() if name in known}}
     if launch.dynamo_backend and not kwargs.get("torch_compile"):
         # The launcher's dynamo config compiles every prepared module (accelerate reads ACCELERATE_DYNAMO_* when the

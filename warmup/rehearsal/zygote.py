@@ -149,14 +149,33 @@ def config_facts(spec: Any) -> dict[str, Any]:
     }
 
 
-def rehearsal_topology(spec: Any) -> tuple[int, Any]:
-    """How many processes rehearse `spec`, and the spec each of them runs (see warmup/planner/topology.py)."""
+def rehearsal_topology(spec: Any) -> tuple[int, Any, list[str] | None]:
+    """How many processes rehearse `spec`, the spec each of them runs (see warmup/planner/topology.py), and the
+    `accelerate launch` options that start them when the job's launcher shards the model (None: torchrun)."""
     from warmup.planner.topology import rank_args, rehearsal_processes
     from warmup.trl_args import resolve_trainer_args
 
-    config = resolve_trainer_args(spec).config
-    processes = rehearsal_processes(spec, config)
-    return processes, spec.model_copy(update={"args": rank_args(spec, config, processes)})
+    args = resolve_trainer_args(spec)
+    processes = rehearsal_processes(spec, args.config, args.launch)
+    rank_spec = spec.model_copy(update={"args": rank_args(spec, args.config, processes)})
+    return processes, rank_spec, launcher_options(rank_spec) if args.launch.sharded else None
+
+
+def launcher_options(spec: Any) -> list[str] | None:
+    """The options `trl <trainer> --config` hands to `accelerate launch` for `spec` (its accelerate_config as
+    --config_file, then every launcher key as `--key value`), or None when it hands none: then the sharding comes
+    from the trainer config's own fields (deepspeed, fsdp), which TRL's Trainer applies under torchrun as well."""
+    from trl.cli.accelerate_config import resolve_accelerate_config_argument
+
+    from warmup.trl_args import config_class
+    from warmup.trl_config import read_trl_args
+
+    parsed = read_trl_args(spec, config_class(spec.trainer))
+    own = {*parsed.trainer, *parsed.script, "env"}
+    argv = [
+        item for name, value in spec.args.items() if name not in own for item in (f"--{name}", str(value))
+    ]
+    return resolve_accelerate_config_argument(argv) or None
 
 
 def group_runs(units: list[Any], train_rows: int, grouping: bool) -> list[list[Any]]:
@@ -204,7 +223,8 @@ def main(argv: list[str]) -> int:
         skip = set(job.get("skip") or [])
         todo = [signature for signature in signatures if signature.key() not in skip]
         plan_size = job.get("plan_size") or len(signatures)
-        processes, rank_spec = rehearsal_topology(spec)
+        processes, rank_spec, launcher = rehearsal_topology(spec)
+        fork = fork and launcher is None  # the launcher sets the ranks' environment: it starts even one
         facts = config_facts(rank_spec)
         planned = plan_units(
             spec.trainer,
@@ -255,7 +275,7 @@ def main(argv: list[str]) -> int:
                 paths[name].mkdir(parents=True, exist_ok=True)
             run_job = RunJob(rank_spec, units, paths["cache"], paths["work"], plan_size)
             paths["job"].write_text(run_job.to_json())
-            running[next_index] = launch(next_index, run_job, paths, processes, fork, job)
+            running[next_index] = launch(next_index, run_job, paths, processes, fork, job, launcher)
             emit("started", unit=units[0].index, run=next_index)
             next_index += 1
         time.sleep(POLL_SECONDS)
@@ -315,7 +335,13 @@ def _succeeded(code: int | None, paths: dict[str, Path]) -> bool:
 
 
 def launch(
-    index: int, run_job: Any, paths: dict[str, Path], processes: int, fork: bool, job: dict[str, Any]
+    index: int,
+    run_job: Any,
+    paths: dict[str, Path],
+    processes: int,
+    fork: bool,
+    job: dict[str, Any],
+    launcher: list[str] | None = None,
 ) -> Running:
     running = Running(index, run_job.units, float(job["timeout_s"]))
     if fork:
@@ -347,19 +373,28 @@ def launch(
         str(paths["progress"]),
     ]
     env = None
-    if processes > 1:
+    target = run_job.spec.target
+    if target.device == "cpu" and (processes > 1 or launcher is not None):
+        from warmup.toolchain import training_threads
+
+        # each rank runs the threads a rank of the job runs (in Inductor's key on CPU)
+        env = {**os.environ, "OMP_NUM_THREADS": str(training_threads(target.world_size))}
+    if launcher is not None:
+        # The job's own launcher (`trl` starts its script under `accelerate launch`): the same environment, so the
+        # same FSDP / DeepSpeed plugin; on one machine, with the rehearsal's number of processes.
+        accelerate = ["-m", "accelerate.commands.launch", *launcher, f"--num_processes={processes}"]
+        accelerate += ["--num_machines=1", "--machine_rank=0", "--main_process_ip=127.0.0.1"]
+        accelerate += [f"--main_process_port={free_port()}"]
+        if env is not None:
+            accelerate.append(f"--num_cpu_threads_per_process={env['OMP_NUM_THREADS']}")
+        command = [*accelerate, "--module", *command[1:]]
+    elif processes > 1:
         torchrun = ["-m", "torch.distributed.run", f"--nproc-per-node={processes}"]
         torchrun += ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
-        target = run_job.spec.target
         if target.device == "cuda":
             # the GPU index is in Inductor's key: every rank compiles for cuda:0, as training under
             # `torchrun --virtual-local-rank` does
             torchrun.append("--virtual-local-rank")
-        if target.device == "cpu":
-            from warmup.toolchain import training_threads
-
-            # each rank runs the threads a rank of the job runs (in Inductor's key on CPU)
-            env = {**os.environ, "OMP_NUM_THREADS": str(training_threads(target.world_size))}
         command = torchrun + command
     with open(paths["log"], "wb") as log:
         running.process = subprocess.Popen(
