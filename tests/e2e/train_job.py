@@ -14,6 +14,7 @@ Without --cache-dir nothing is activated: a plain cold TRL run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -133,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     from warmup.spec import load_spec
 
     spec = load_spec(ns.spec)
+    if os.environ.get("ACCELERATE_USE_FSDP") == "true" and spec.target.device == "cpu":
+        # accelerate sets up FSDP only on an accelerator; on CPU, as the warm-up does (warmup.rehearsal.cpu_sharding)
+        from warmup.rehearsal.cpu_sharding import shard_on_cpu
+
+        shard_on_cpu()
     activation = None
     if ns.cache_dir:
         activation = warmup.activate(spec, cache_dir=ns.cache_dir, plan_size=ns.plan_size)
@@ -160,8 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         "distillation": trl.DistillationTrainer,
     }
     batch = spec.args.get("per_device_train_batch_size", 8)
+    fields = {f.name for f in dataclasses.fields(config_cls[spec.trainer])}
     args = config_cls[spec.trainer](
-        **spec.args,
+        # the launcher's keys (accelerate_config, ...) went to `accelerate launch`, as `trl` hands them
+        **{name: value for name, value in spec.args.items() if name in fields},
         output_dir=str(Path(ns.out).parent / "trainer-out"),
         max_steps=ns.steps,
         save_strategy="no",
@@ -244,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_ends": clock.step_ends,
         "end": end,
         "shapes": shapes,
+        "distributed_type": str(trainer.accelerator.distributed_type.value),  # FSDP, DEEPSPEED, MULTI_CPU, NO
         "dynamo_compile_seconds": calculate_time_spent().get("total_wall_time", 0.0),
         "fresh_compiles": None
         if fresh is None

@@ -143,9 +143,11 @@ def notes(spec: Spec, launch: Launch, processes: int, config: Any) -> tuple[list
     ):
         warned.append(
             "under ZeRO-3 torch 2.13's AOTAutograd cache skips the graphs that hold DeepSpeed's own linear autograd "
-            'Function ("Unsupported call_function target autograd_function_apply"; 5 graphs of the test model): '
-            "Inductor's compiled code still hits, but each training process re-runs AOTAutograd on them (seconds), "
-            "which its compile counters and coverage report count as autograd_cache_bypass"
+            'Function ("Unsupported call_function target autograd_function_apply"; 5 graphs of the test model) and '
+            "the graphs that compute nothing (a detach of a gathered input; 8), for which Inductor makes no code to "
+            "cache: Inductor's compiled code still all hits, but each training process re-runs AOTAutograd on those "
+            "graphs (seconds), which its compile counters and coverage report count as autograd_cache_bypass and "
+            "autograd_cache_miss (and `warmup exec --strict` as compiles)"
         )
     if (
         spec.target.device == "cpu"
