@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import sys
 import time
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from warmup.backends import get_backend
-from warmup.errors import RehearsalError, WarmupError
+from warmup.errors import MissingDependencyError, RehearsalError, WarmupError
 from warmup.peft_args import lora_config
 from warmup.planner.sharding import check_launch
 from warmup.rehearsal.cpu_sharding import shard_on_cpu
@@ -390,6 +391,11 @@ def build_config(job: RunJob) -> Any:
         raise RehearsalError("TRL refuses the job's config: " + "; ".join(str(p) for p in parsed.problems))
     launch = parsed.launch
     check_launch(spec, launch, bool(parsed.trainer.get("use_cpu")))
+    if launch.distributed_type == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
+        raise MissingDependencyError(
+            f"the job runs {launch.describe()}: warming it runs DeepSpeed, which this worker lacks: "
+            "pip install 'trl-warmup[deepspeed]'"
+        )
     if launch.distributed_type == "FSDP" and spec.target.device == "cpu":
         shard_on_cpu()  # accelerate sets up FSDP only on an accelerator: take that path with the CPU as the device
     kwargs = {**parsed.trainer, **{name: value for name, value in overrides.items() if name in known}}
@@ -428,8 +434,6 @@ def vllm_rehearsable(mode: str) -> bool:
     `torch_compile_cache` joins the entry (written against vLLM's documented cache layout; unverified, no
     vLLM on the development machines). Server mode's cache belongs to the server's process.
     """
-    import importlib.util
-
     return mode == "colocate" and importlib.util.find_spec("vllm") is not None
 
 
