@@ -136,7 +136,6 @@ def test_concurrent_identical_submissions_make_one_job_threads(db_url: str, thre
     engine.dispose()
 
 
-@pytest.mark.process
 def test_concurrent_identical_submissions_make_one_job_processes(db_url: str) -> None:
     start, results = SPAWN.Event(), SPAWN.Queue()
     args = (factories.spec(), TOOLCHAIN, factories.signatures(10), start, results)
@@ -164,7 +163,6 @@ def test_concurrent_identical_submissions_make_one_job_processes(db_url: str) ->
 # --- claiming with many workers ----------------------------------------------------------------
 
 
-@pytest.mark.process
 def test_four_worker_processes_do_each_of_twenty_tasks_exactly_once(db_url: str) -> None:
     from warmup.db.engine import make_engine
 
@@ -200,7 +198,6 @@ def test_four_worker_processes_do_each_of_twenty_tasks_exactly_once(db_url: str)
     engine.dispose()
 
 
-@pytest.mark.process
 def test_killed_worker_loses_its_lease_and_another_worker_finishes(db_url: str) -> None:
     from warmup.db.engine import make_engine
 

@@ -1,0 +1,130 @@
+"""Real `trl <trainer> --config` files, as found in TRL's documentation and public recipes, through `warmup plan`.
+
+tests/real_configs/ holds each file as its repository has it (PROVENANCE.yaml: repository, commit, path,
+license, trainer); the test points `model_name_or_path` at a tiny model in a copy, nothing else. TRL 1.16's
+own CLI decides which files it accepts (tests/support/trl_cli_truth.py runs its parsers); then:
+
+- a file TRL accepts plans with exit 0 and at least one signature, or, for a trainer that generates, exits 2
+  naming the missing prompt-length fact (the file has no data facts);
+- a file TRL refuses exits 2, naming every field TRL refuses with a fix for it;
+- no file exits 0 with no signature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.tiny_model import write_bpe_model
+from tests.support.trl_cli_truth import trl_cli_verdict
+from warmup.cli import main
+
+ROOT = Path(__file__).resolve().parents[2] / "real_configs"
+CONFIGS = yaml.safe_load((ROOT / "PROVENANCE.yaml").read_text())["configs"]
+ONLINE = {"grpo", "rloo", "distillation"}
+# What a fix says: a replacement, a removal, a value, the missing fact, or TRL's own words for a value check.
+FIX = re.compile(
+    r"use `\w+` instead|drop it|did you mean|`trl` reads|set chat_template_path|--dataset PATH|packing_strategy: bfd"
+    r"|TRL refuses it: .+|TRL's trainers read|a model setting|a warm-up key"
+    r"|train without load_in_4bit|expected one of sft, dpo"  # QLoRA; a trainer `trl` does not have
+)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    # Config and tokenizer only (planning reads no weights); max_position_embeddings 131072 holds every recipe.
+    return write_bpe_model(tmp_path_factory.mktemp("real-config-model"))
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def with_model(entry: dict, model: Path, tmp_path: Path) -> Path:
+    data = yaml.safe_load((ROOT / entry["file"]).read_text())
+    data["model_name_or_path"] = str(model)
+    copy = tmp_path / Path(entry["file"]).name
+    copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    return copy
+
+
+def test_the_collection_is_large_and_documented():
+    assert len(CONFIGS) >= 40
+    for entry in CONFIGS:
+        assert (ROOT / entry["file"]).is_file()
+        assert re.fullmatch(r"[0-9a-f]{40}", entry["commit"]) and entry["repository"] and entry["license"]
+
+
+@pytest.mark.parametrize("entry", CONFIGS, ids=[e["file"] for e in CONFIGS])
+def test_a_real_config_plans_or_gets_trls_answer_with_the_fix(entry, model, tmp_path):
+    accepted, trl_says = trl_cli_verdict(entry["trainer"], ROOT / entry["file"])
+    code, out, err = run(
+        [
+            "plan",
+            str(with_model(entry, model, tmp_path)),
+            "--trainer",
+            entry["trainer"],
+            "--target",
+            "neuron",
+            "--format",
+            "json",
+        ]
+    )
+    if code == 0:
+        assert json.loads(out)["signatures"], "exit 0 with no signature: a CI pre-warm would warm nothing"
+    if accepted:
+        if entry["trainer"] in ONLINE and code == 2:
+            assert "data.max_prompt_tokens" in err and "--dataset PATH" in err
+        else:
+            assert code == 0, err
+        return
+    assert code == 2, f"TRL refuses it ({trl_says}) but warmup plan exited {code}"
+    problems = [line.strip() for line in err.splitlines()[1:]] or [
+        err.removeprefix("error: invalid spec: ").strip()
+    ]
+    for problem in problems:
+        assert FIX.search(problem), f"no fix in: {problem}"
+    refused = re.search(r"unrecognized arguments: --(\w+)", trl_says)
+    if refused:  # TRL names the first field it refuses; warmup names it too, with every other one
+        assert f"args.{refused.group(1)}:" in err or f"{refused.group(1)}:" in err
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fix"),
+    [
+        ("max_seq_length", 1024, "use `max_length` instead"),
+        ("torch_dtype", "bfloat16", "use `dtype` instead (a model setting"),
+        ("warmup_ratio", 0.1, "use `warmup_steps` instead (a float works"),
+        ("overwrite_output_dir", True, "removed after transformers v4.57.1: drop it"),
+        ("evaluation_strategy", "steps", "use `eval_strategy` instead"),
+        ("packing_strategy", "ffd", "packing_strategy: bfd"),
+    ],
+)
+def test_fields_of_older_releases_get_the_exact_replacement(field, value, fix, model, tmp_path):
+    config = tmp_path / "sft.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(model), field: value}))
+    code, _, err = run(["plan", str(config), "--trainer", "sft", "--target", "neuron"])
+    assert code == 2 and f"args.{field}:" in err and fix in err
+
+
+def test_grpo_max_prompt_length_points_at_the_prompt_fact(model, tmp_path):
+    config = tmp_path / "grpo.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(model), "max_prompt_length": 512}))
+    code, _, err = run(["plan", str(config), "--trainer", "grpo", "--target", "neuron"])
+    assert code == 2 and "args.max_prompt_length" in err and "--dataset PATH" in err
+
+
+def test_orpo_is_not_taken_for_grpo(model, tmp_path):
+    config = tmp_path / "orpo.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(model)}))
+    code, _, err = run(["plan", str(config), "--trainer", "orpo"])
+    assert code == 2 and "did you mean" not in err and "trl.experimental" in err and "sft, dpo" in err
