@@ -1,5 +1,6 @@
-"""The toolchain in fresh processes: the same in two of them, the ISA probe against Inductor's own, the pod
-side's imports, and the image's memo found without importing torch (tests/unit/test_toolchain.py: in process)."""
+"""The toolchain in fresh processes: the same in two of them, the ISA probe against Inductor's own, the
+pod side's imports, and the image's memo found without importing torch (tests/unit/test_toolchain.py: in
+process)."""
 
 from __future__ import annotations
 

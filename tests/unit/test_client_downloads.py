@@ -86,7 +86,8 @@ def test_the_api_client_follows_no_redirect_so_its_token_stays_with_the_service(
             pass
 
     redirecting = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    threading.Thread(target=redirecting.serve_forever, daemon=True).start()
+    # shutdown() waits up to one poll interval (0.5 s by default) for the loop to notice
+    threading.Thread(target=redirecting.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         service = ServiceClient(f"http://127.0.0.1:{redirecting.server_address[1]}", token="wu_secret")
         with pytest.raises(ServerError, match="HTTP 302"):

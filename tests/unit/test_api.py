@@ -1,4 +1,6 @@
-"""The HTTP API against real databases (SQLite and PostgreSQL) and real stores (directory and SeaweedFS S3).
+"""The HTTP API on SQLite and a local blob directory, in this process (an API served from a thread where a
+test needs a URL). tests/integration/test_api_servers.py runs the tests that take `services` on PostgreSQL
+and a real S3 server (SeaweedFS) too.
 
 Workers are played by the queue itself (claim, upload, complete), so these tests need no compiles.
 """
@@ -47,12 +49,9 @@ def spec_body(model_dir: Path, max_tokens: int = 60, **args) -> dict:
     }
 
 
-@pytest.fixture(params=["local", "s3"])
-def store_url(request, tmp_path) -> str:
-    if request.param == "local":
-        return str(tmp_path / "blobs")
-    bucket = request.getfixturevalue("s3_bucket")
-    return f"s3://{bucket}/warmup"
+@pytest.fixture(params=["local"])
+def store_url(tmp_path) -> str:
+    return str(tmp_path / "blobs")
 
 
 @pytest.fixture

@@ -1,18 +1,16 @@
-"""Blob stores against a real directory and a real S3 server (SeaweedFS)."""
+"""The blob store on a local directory. The tests that take a `store` run on a real S3 server (SeaweedFS)
+too, in tests/integration/test_store_s3.py, with what only S3 has."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.fixtures.services import S3Server, free_port
 from warmup.errors import (
     BlobIntegrityError,
     BlobNotFoundError,
@@ -20,19 +18,16 @@ from warmup.errors import (
     StoreUnreachableError,
     UnsafeArtifactError,
 )
-from warmup.store import BlobStore, LocalBlobStore, S3BlobStore, blob_key, open_store, sha256_file
+from warmup.store import BlobStore, LocalBlobStore, S3BlobStore, blob_key, sha256_file
 
 pytestmark = pytest.mark.timeout(120)
 
 MiB = 1024 * 1024
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStore:
-    if request.param == "local":
-        return LocalBlobStore(tmp_path / "blobs")
-    bucket = request.getfixturevalue("s3_bucket")
-    return S3BlobStore(bucket, "cache/v1")  # endpoint and credentials from the AWS environment
+@pytest.fixture(params=["local"])
+def store(tmp_path: Path) -> BlobStore:
+    return LocalBlobStore(tmp_path / "blobs")
 
 
 def write(path: Path, size: int) -> tuple[Path, str]:
@@ -54,7 +49,7 @@ class RequestCounter:
         return self.calls["PutObject"] + self.calls["CreateMultipartUpload"] + self.calls["UploadPart"]
 
 
-# --- both stores -------------------------------------------------------------------------------
+# --- every store (tests/integration/test_store_s3.py runs these on S3) --------------------------
 
 
 def test_round_trip(store: BlobStore, tmp_path: Path) -> None:
@@ -154,80 +149,7 @@ def test_large_file(store: BlobStore, tmp_path: Path) -> None:
     assert sha256_file(tmp_path / "back.neff") == (sha, 12 * MiB)
 
 
-# --- S3 only -----------------------------------------------------------------------------------
-
-
-def test_presigned_url_downloads_without_credentials(s3_bucket: str, tmp_path: Path) -> None:
-    store = S3BlobStore(s3_bucket)
-    path, sha = write(tmp_path / "graph.neff", 200_000)
-    store.put_file(path, sha)
-    url = store.presigned_url(sha, expires_s=600)
-    assert "X-Amz-Expires=600" in url
-    response = httpx.get(url, timeout=30)
-    assert response.status_code == 200
-    assert hashlib.sha256(response.content).hexdigest() == sha
-    # Tampering with the signed request is refused.
-    assert httpx.get(url.replace("X-Amz-Expires=600", "X-Amz-Expires=6000"), timeout=30).status_code == 403
-    assert LocalBlobStore(tmp_path / "local").presigned_url(sha) is None
-
-
-def test_presigned_url_expires(s3_bucket: str, tmp_path: Path) -> None:
-    store = S3BlobStore(s3_bucket)
-    path, sha = write(tmp_path / "graph.neff", 1000)
-    store.put_file(path, sha)
-    url = store.presigned_url(sha, expires_s=1)
-    time.sleep(2.5)
-    assert httpx.get(url, timeout=30).status_code == 403
-
-
-def test_prefix_keeps_stores_apart(s3_bucket: str, s3_env: S3Server, tmp_path: Path) -> None:
-    path, sha = write(tmp_path / "a.bin", 100)
-    one, two = S3BlobStore(s3_bucket, "one"), open_store(f"s3://{s3_bucket}/two/")
-    one.put_file(path, sha)
-    assert one.has(sha) and not two.has(sha)
-    keys = [o["Key"] for o in s3_env.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
-    assert keys == [f"one/blobs/{sha[:2]}/{sha}"]
-
-
-def test_check_reports_a_missing_bucket(s3_env: S3Server) -> None:
-    store = S3BlobStore("warmup-no-such-bucket")
-    with pytest.raises(StoreUnreachableError) as caught:
-        store.check()
-    message = str(caught.value)
-    assert (
-        "warmup-no-such-bucket" in message and s3_env.endpoint_url in message and "does not exist" in message
-    )
-
-
-@pytest.mark.parametrize(
-    ("variable", "value"),
-    [("AWS_SECRET_ACCESS_KEY", "wrong-secret"), ("AWS_ACCESS_KEY_ID", "unknown-key")],
-)
-def test_check_reports_refused_credentials(
-    s3_bucket: str, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
-) -> None:
-    monkeypatch.setenv(variable, value)
-    with pytest.raises(
-        StoreUnreachableError, match=rf"refused access to bucket '{s3_bucket}'.*AWS_ACCESS_KEY_ID"
-    ):
-        S3BlobStore(s3_bucket).check()
-
-
-def test_check_reports_missing_credentials(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
-    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
-    with pytest.raises(StoreUnreachableError, match="no usable AWS credentials"):
-        S3BlobStore(s3_bucket).check()
-
-
-def test_check_reports_an_unreachable_endpoint(s3_env: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    with pytest.raises(StoreUnreachableError, match=f"cannot reach the S3 endpoint {endpoint}"):
-        S3BlobStore("any-bucket").check()
-
-
-# --- local only and URL parsing ----------------------------------------------------------------
+# --- local only --------------------------------------------------------------------------------
 
 
 def test_local_check_reports_an_unusable_directory(tmp_path: Path) -> None:
@@ -236,19 +158,6 @@ def test_local_check_reports_an_unusable_directory(tmp_path: Path) -> None:
         LocalBlobStore(tmp_path / "a-file" / "blobs").check()
     LocalBlobStore(tmp_path / "new" / "dir").check()  # created on demand
     assert (tmp_path / "new" / "dir" / "blobs").is_dir()
-
-
-def test_open_store_parses_urls(tmp_path: Path, s3_env: S3Server) -> None:
-    s3 = open_store("s3://my-bucket/warm/cache")
-    assert isinstance(s3, S3BlobStore) and (s3.bucket, s3.prefix) == ("my-bucket", "warm/cache/")
-    assert s3.endpoint == s3_env.endpoint_url  # AWS_ENDPOINT_URL is honoured
-    assert isinstance(open_store("s3://my-bucket"), S3BlobStore)
-    local = open_store(f"file://{tmp_path}/blobs")
-    assert isinstance(local, LocalBlobStore) and local.root == tmp_path / "blobs"
-    assert open_store(tmp_path / "plain").root == tmp_path / "plain"
-    for bad in ("http://example.com/x", "s3:///no-bucket", "file://host/path"):
-        with pytest.raises(StoreError):
-            open_store(bad)
 
 
 def test_keys_must_be_sha256(tmp_path: Path) -> None:
