@@ -88,17 +88,83 @@ MACHINE_CHECKED = {
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """What `accelerate launch` is told, as far as the compiled graphs care."""
+    """What a `trl <trainer> --config` job runs as, as far as the compiled graphs care: the launcher (`accelerate
+    launch` with the config's launch keys and its accelerate config file, by accelerate's precedence) and the
+    trainer config's sharding fields (TrainingArguments `deepspeed`, `fsdp`, `fsdp_config`). docs/trl-configs.md
+    says how each field is read.
 
-    processes: int | None = None  # --num_processes (all machines together), else the accelerate config's
-    distributed_type: str = "NO"  # NO, MULTI_GPU, DEEPSPEED, FSDP, ...
+    Frozen; `fsdp` and `deepspeed` are plain dicts left out of the hash: treat them as read-only.
+    """
+
+    # Processes the launch starts, all machines together (accelerate's num_processes after its precedence: the
+    # config's key, else the accelerate config file's; 1 when the file's distributed_type is NO or MULTI_CPU without
+    # mpirun). None when the launch names no count (no file, no key): `accelerate launch` then counts the training
+    # machine's GPUs, and the spec's target.world_size stands.
+    processes: int | None = None
+    # Machines (nodes) the processes run on: num_machines as given or the file's; None when neither says (1).
+    machines: int | None = None
+    # accelerate's DistributedType as the training process sees it: NO, MULTI_GPU, MULTI_CPU, DEEPSPEED, FSDP,
+    # MEGATRON_LM, XLA, ... A `deepspeed` trainer field makes it DEEPSPEED; `fsdp` makes a multi-process job FSDP.
+    distributed_type: str = "NO"
+    # The launcher's mixed precision (TrainingArguments reads it when bf16 / fp16 are unset).
     mixed_precision: str | None = None
     dynamo_backend: str | None = None  # compile every prepared module, even with torch_compile off
     dynamo_mode: str | None = None
     dynamo_dynamic: bool | None = None
-    zero_stage: int | None = None
+    # DeepSpeed only (None otherwise), as accelerate's DeepSpeedPlugin resolves them from `deepspeed`:
+    zero_stage: int | None = None  # ZeRO stage 0-3
+    # The device the optimizer state / the parameters (ZeRO-3) are offloaded to: "cpu", "nvme"; None: not offloaded.
+    offload_optimizer: str | None = None
+    offload_param: str | None = None
+    # ZeRO-3 builds the model already partitioned (deepspeed.zero.Init; accelerate's `zero3_init_flag`).
+    zero3_init: bool | None = None
+    # FSDP only (None / empty otherwise):
+    fsdp_version: int | None = None  # 1 (FullyShardedDataParallel) or 2 (fully_shard)
+    # accelerate's fsdp_config keys as given, without the `fsdp_` prefix (sharding_strategy / reshard_after_forward,
+    # auto_wrap_policy, transformer_layer_cls_to_wrap, activation_checkpointing, offload_params,
+    # cpu_ram_efficient_loading, state_dict_type, ...): the launcher's, then the TrainingArguments `fsdp` /
+    # `fsdp_config` mapped onto the same keys (they win, as the Trainer's plugin arguments win over the launcher's).
+    fsdp: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+    # The effective DeepSpeed config: the JSON (`deepspeed_config_file`, or the trainer's `deepspeed` path or inline
+    # dict) or, without one, the config accelerate builds from its deepspeed_config keys; accelerate's keys folded in
+    # as DeepSpeedPlugin folds them ("auto" values filled). Empty unless distributed_type is DEEPSPEED.
+    deepspeed: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
     sequence_parallel: int = 1  # context / sequence parallel size: sequences are split across processes
-    source: str | None = None  # the accelerate config file
+    # Where the launch was read from: the accelerate config file, TRL's preset, the trainer fields.
+    source: str | None = None
+
+    @property
+    def sharded(self) -> bool:
+        """DeepSpeed or FSDP wrap and shard the model (graphs differ from a DDP run's)."""
+        return self.distributed_type in ("DEEPSPEED", "FSDP")
+
+    def describe(self) -> str:
+        """The mode in words: "DeepSpeed ZeRO-3 with CPU offload of parameters, 8 processes from FILE"."""
+        if self.distributed_type == "DEEPSPEED":
+            mode = "DeepSpeed" + (f" ZeRO-{self.zero_stage}" if self.zero_stage is not None else "")
+            offloads = [
+                f"{device.upper()} offload of {what}"
+                for device, what in (
+                    (self.offload_optimizer, "the optimizer state"),
+                    (self.offload_param, "parameters"),
+                )
+                if device
+            ]
+            if offloads:
+                mode += " with " + " and ".join(offloads)
+        elif self.distributed_type == "FSDP":
+            mode = f"FSDP{self.fsdp_version or ''}"
+            if str(self.fsdp.get("offload_params", "false")).lower() == "true":
+                mode += " with CPU offload of parameters"
+        else:
+            mode = self.distributed_type
+        where = []
+        if self.processes is not None:
+            where.append(f"{self.processes} process{'es' if self.processes != 1 else ''}")
+        if self.machines is not None and self.machines > 1:
+            where.append(f"on {self.machines} machines")
+        told = " ".join(where)
+        return f"{mode}{', ' + told if told else ''} from {self.source or 'accelerate launch flags'}"
 
 
 @dataclasses.dataclass(frozen=True)
