@@ -48,14 +48,12 @@ def build() -> dict:
     presets = {}
     for preset in resources.files("trl.accelerate_configs").iterdir():
         if preset.name.endswith(".yaml"):
-            config = yaml.safe_load(preset.read_text()) or {}
-            single = str(config.get("distributed_type", "NO")).upper() == "NO"
-            presets[preset.name.removesuffix(".yaml")] = 1 if single else config.get("num_processes")
+            presets[preset.name.removesuffix(".yaml")] = yaml.safe_load(preset.read_text()) or {}
     root = Path(trl.__file__).parent / "experimental"
     experimental = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_"))
     return {
         "about": "Fields of the dataclasses `trl <trainer> --config` parses besides the trainer config, the "
-        "process counts of TRL's accelerate presets, and the trainers under trl.experimental; written by "
+        "content of TRL's accelerate presets, and the trainers under trl.experimental; written by "
         "tools/trl_cli_fields.py from the installed TRL.",
         "trl": trl.__version__,
         "model": fields(ModelConfig),

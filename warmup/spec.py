@@ -310,6 +310,9 @@ def parse_spec(
             data["trainer"] = trainer
     if target is not None:
         data = {**data, "target": {**(data.get("target") or {}), **target}}
+    processes = launched_processes(data["args"]) if isinstance(data.get("args"), dict) else None
+    if processes is not None:
+        data = {**data, "target": {**(data.get("target") or {}), "_processes": processes}}
     _check_world_size(data)
     raw_trainer = data.get("trainer")
     if raw_trainer is None:
@@ -370,8 +373,7 @@ def from_trl_cli_config(
     `model_init_kwargs` and its LoRA fields `peft` (as `main()` of each script does), the dataset selection
     is left out (its facts go in `data`), and everything else stays in `args` as given: the trainer
     config's fields, the script's own arguments, `env` and the keys `trl` hands to `accelerate launch`.
-    `warmup.trl_config` checks `args` with TRL's parser when the job is planned. The launcher's process
-    count (`num_processes`, or the `accelerate_config` file's) becomes the target's world size.
+    `warmup.trl_config` checks `args` with TRL's parser when the job is planned.
     """
     side = dict(side or {})
     flat = dict(data)
@@ -413,36 +415,71 @@ def from_trl_cli_config(
         }
     for key in fields.dataset:
         flat.pop(key, None)
-    processes = flat.pop("num_processes", None)
-    if processes is None:
-        processes = _accelerate_config_processes(flat.get("accelerate_config"))
-    if processes is not None:
-        spec.setdefault("target", {})
-        spec["target"] = {**spec["target"], "_processes": processes}
     if init_kwargs:
         flat["model_init_kwargs"] = init_kwargs
     spec["args"] = flat
     return spec
 
 
-def _accelerate_config_processes(name: Any) -> int | None:
-    """The process count an `accelerate_config` (a file, or one of TRL's presets) launches; None if unknown here."""
-    if not isinstance(name, str):
-        return None
-    path = Path(name).expanduser()
+# accelerate's DistributedTypes whose launcher starts num_processes processes (accelerate launch_command); the others
+# (NO, MULTI_CPU) run the simple launcher: one process, several only under mpirun (mpirun_config.mpirun_hostfile).
+MULTI_PROCESS_TYPES = ("DEEPSPEED", "FSDP", "MEGATRON_LM", "XLA")
+
+
+def launched_processes(args: dict[str, Any]) -> int | None:
+    """How many processes `accelerate launch` starts for a trl config's launch keys, by accelerate's rule: the
+    config file (`config_file`, else `accelerate_config`: a file or one of TRL's presets) picks the launcher and its
+    count, an explicit `num_processes` wins over the file's. None when the launch names no count (accelerate counts
+    the training machine's GPUs). `warmup.trl_launch` reads the whole launch with accelerate itself; a test holds the
+    two equal. A named file that does not exist is refused, naming it."""
+    count = _count(args.get("num_processes"))
+    if "config_file" in args:  # `trl` puts accelerate_config's file first: a config_file key wins
+        config = _accelerate_file(args["config_file"], "args.config_file")
+    elif "accelerate_config" in args:
+        name = args["accelerate_config"]
+        preset = trl_cli_fields()["accelerate_presets"].get(name) if isinstance(name, str) else None
+        config = (
+            _accelerate_file(name, "args.accelerate_config")
+            if preset is None or Path(str(name)).is_file()
+            else preset
+        )
+    else:
+        return count
+    if not isinstance(config, dict):
+        return None  # accelerate refuses the file; warmup.trl_launch says so with its words
+    distributed = str(config.get("distributed_type", "NO")).upper()
+    multi = distributed in MULTI_PROCESS_TYPES or (
+        distributed.startswith("MULTI_") and distributed != "MULTI_CPU"
+    )
+    if not multi and not (config.get("mpirun_config") or {}).get("mpirun_hostfile"):
+        return 1
+    return count if count is not None else _count(config.get("num_processes"))
+
+
+def missing_launch_file(path: Any, what: str) -> str:
+    """The refusal of a file the launch names that is not there (relative paths: accelerate's working directory)."""
+    return f"no such file: {path} ({what} reads it from the working directory, {Path.cwd()})"
+
+
+def _accelerate_file(name: Any, loc: str) -> Any:
+    path = Path(str(name))
     if not path.is_file():
-        preset = trl_cli_fields()["accelerate_presets"].get(name)
-        return preset if isinstance(preset, int) else None
+        if loc == "args.accelerate_config":
+            return None  # neither a file nor a preset: TRL's own refusal comes from warmup.trl_config
+        raise SpecError(missing_launch_file(name, "`accelerate launch`"), loc=loc)
     try:
-        config = yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
         return None
-    if not isinstance(config, dict):
+
+
+def _count(value: Any) -> int | None:
+    """accelerate's int() of `--num_processes str(value)`; None for what it refuses (warmup.trl_config says why)."""
+    try:
+        count = int(str(value))
+    except ValueError:
         return None
-    if str(config.get("distributed_type", "NO")).upper() == "NO":
-        return 1  # accelerate launches one process whatever num_processes says
-    processes = config.get("num_processes")
-    return processes if isinstance(processes, int) and processes > 0 else None
+    return count if count > 0 and not isinstance(value, bool | float) else None
 
 
 def _check_world_size(data: dict[str, Any]) -> None:
@@ -455,8 +492,8 @@ def _check_world_size(data: dict[str, Any]) -> None:
     given = target.get("world_size")
     if given is not None and given != processes:
         raise SpecError(
-            f"the target says {given} training processes but the config launches {processes} (num_processes or "
-            "its accelerate_config): make them equal, or drop world_size and let the config decide",
+            f"the target says {given} training processes but the config launches {processes} (num_processes, or "
+            "its accelerate config file's): make them equal, or drop world_size and let the config decide",
             loc="target.world_size",
         )
     target["world_size"] = processes

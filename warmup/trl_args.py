@@ -28,7 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 from warmup.errors import FieldProblem, MissingDependencyError, SpecError
 from warmup.peft_args import peft_problems
 from warmup.spec import Spec
-from warmup.trl_config import Launch
+from warmup.trl_launch import Launch
 
 CONFIG_CLASS_NAMES = {
     "sft": "SFTConfig",

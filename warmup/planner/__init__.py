@@ -166,7 +166,7 @@ def _world_size_notes(plan: PlanBuilder) -> None:
 
     target = plan.spec.target
     world = target.world_size
-    if world == 1:
+    if world == 1 or plan.args.launch.sharded:  # a sharded job's warning says what its world size changes
         return
     processes = rehearsal_processes(plan.spec, plan.args.config)
     why = (
