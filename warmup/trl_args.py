@@ -28,7 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 from warmup.errors import FieldProblem, MissingDependencyError, SpecError
 from warmup.peft_args import peft_problems
 from warmup.spec import Spec
-from warmup.trl_launch import Launch
+from warmup.trl_launch import Launch, with_trainer_fsdp
 
 CONFIG_CLASS_NAMES = {
     "sft": "SFTConfig",
@@ -55,6 +55,10 @@ POSITIVE_INT_FIELDS = (
     "precompute_ref_batch_size",
     "eval_steps",
 )
+
+# Fields transformers' __post_init__ rewrites into another type (`fsdp: "full_shard offload"` becomes True, its
+# options moved into fsdp_config): their types are checked as given.
+REWRITTEN_BY_TRANSFORMERS = ("fsdp", "fsdp_config")
 
 
 # TRL's package is a lazy module: its first attribute reads import submodules, and two threads doing that
@@ -192,7 +196,13 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         config.per_device_eval_batch_size = eval_batch
     # Types are checked on what TRL made of the values (`loss_type: sigmoid` is a one-item list by now).
     problems = _mistyped(
-        {name: getattr(config, name) for name in given if name not in MACHINE_CHECKED}, cls, given
+        {
+            name: given[name] if name in REWRITTEN_BY_TRANSFORMERS else getattr(config, name)
+            for name in given
+            if name not in MACHINE_CHECKED
+        },
+        cls,
+        given,
     )
     if problems:
         raise SpecError(problems)
@@ -225,6 +235,8 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
             )
         compile_mode = compile_mode or trl.launch.dynamo_mode
     notes = list(trl.warnings) + _deprecations(caught, given)
+    # transformers maps `fsdp` / `fsdp_config` onto accelerate's FSDP plugin arguments as it builds the config
+    launch = with_trainer_fsdp(trl.launch, getattr(config, "fsdp_plugin_args", None))
     return TrainerArgs(
         config=config,
         given=given,
@@ -232,7 +244,7 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         fp16=autocast == "fp16",
         compile_backend=compile_backend,
         compile_mode=compile_mode,
-        launch=trl.launch,
+        launch=launch,
         script=trl.script,
         notes=tuple(notes),
     )
