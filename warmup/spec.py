@@ -129,8 +129,18 @@ class Target(_StrictModel):
 class DataFacts(_StrictModel):
     """What is known about the dataset, in tokens as the trainer sees them (after templating)."""
 
-    num_train_examples: PositiveInt | None = Field(None, description="Examples in the train split.")
+    num_train_examples: PositiveInt | None = Field(
+        None, description="Examples in the train split (the dataset's count, packing or not)."
+    )
     num_eval_examples: NonNegativeInt | None = Field(None, description="Examples in the eval split.")
+    num_train_rows: PositiveInt | None = Field(
+        None,
+        description="SFT with packing: the packed rows TRL makes of the train split (what batches are made of; "
+        "`warmup facts` counts them). Unknown: every size the last batch can have is listed.",
+    )
+    num_eval_rows: NonNegativeInt | None = Field(
+        None, description="SFT with packing: the packed rows of the eval split."
+    )
     max_tokens: PositiveInt | None = Field(
         None, description="Longest example (prompt + completion, incl. special tokens)."
     )
@@ -300,7 +310,10 @@ def parse_spec(
                 "`warmup facts --dataset PATH SPEC` and send them as `data`",
                 loc=key,
             )
-    if is_trl_cli_config(data):
+    named_trainer = trainer or data.get("trainer") or side.get("trainer")
+    if is_trl_cli_config(data) or (named_trainer and "model" not in data and "args" not in data):
+        # A trl config (a spec names `model` and nests `args`), read as `trl <trainer>` reads it even when it
+        # lacks model_name_or_path: the errors are TRL's, not the spec format's.
         trainer = trainer or data.pop("trainer", None) or side.get("trainer")
         data = from_trl_cli_config(data, trainer=trainer, side=side)
     else:
@@ -387,6 +400,8 @@ def from_trl_cli_config(
         raise UnknownTrainerError(unknown_trainer_message(trainer), loc="trainer")
     trainer = trainer.lower()
     fields = trl_script_fields(trainer)
+    if "model_name_or_path" not in flat:
+        raise SpecError(_no_model(flat, trainer))
     spec: dict[str, Any] = {"trainer": trainer, "model": flat.pop("model_name_or_path")}
     for key in ("teacher_model", "data", "target"):
         value = flat.pop(key, None)
@@ -419,6 +434,57 @@ def from_trl_cli_config(
         flat["model_init_kwargs"] = init_kwargs
     spec["args"] = flat
     return spec
+
+
+# Other tools' names for the model a trl config must name model_name_or_path.
+MODEL_KEY_ALIASES = {
+    "model_id": "optimum-neuron's training scripts' name for the model",
+    "model_name": "another script's name for the model",
+    "model_path": "another script's name for the model",
+}
+
+
+def _no_model(flat: dict[str, Any], trainer: str) -> list[FieldProblem]:
+    """What `trl <trainer>` makes of a config without model_name_or_path: TRL's ModelConfig leaves it None and
+    the script has no model to load; every key no dataclass of the script reads and accelerate's launch parser does
+    not take is refused by the launcher (the fields the planner's own reading refuses besides are told once the
+    config names its model)."""
+    problems = [
+        FieldProblem(
+            "model_name_or_path",
+            f"required: `trl` reads the model to train from model_name_or_path (TRL's ModelConfig); without it "
+            f"`trl {trainer}` starts with no model to load",
+        )
+    ]
+    fields = trl_cli_fields()
+    known = {*fields["model"], *fields["training_arguments"], *fields["scripts"][trainer]["trainer"], "env"}
+    known |= trl_script_fields(trainer).script | {"accelerate_config"}
+    for key in flat:
+        if key in known or accelerate_launch_option(key):
+            continue
+        whose = MODEL_KEY_ALIASES.get(key)
+        fix = (
+            f"{whose}: `trl` reads model_name_or_path, rename it"
+            if whose
+            else "drop it (or see its fix once the config names its model)"
+        )
+        problems.append(FieldProblem(f"args.{key}", f"{trl_refuses(key, trainer)}; {fix}"))
+    return problems
+
+
+def trl_refuses(name: str, trainer: str) -> str:
+    """`trl <trainer>` hands a key no dataclass of its script reads to `accelerate launch`, which refuses it."""
+    return f"unknown field (`trl {trainer}` refuses it: accelerate launch: unrecognized arguments: --{name})"
+
+
+def accelerate_launch_option(name: str) -> bool:
+    """Whether `accelerate launch` takes `--name`: one of its options, or (argparse's abbreviations) the start of
+    exactly one (the options shipped in trl_cli_fields.json, taken from accelerate's own launch parser)."""
+    options = trl_cli_fields()["accelerate_launch"]
+    if name in options:
+        return True
+    # an option's `_` and `-` spellings are one action
+    return len({option.replace("-", "_") for option in options if option.startswith(name)}) == 1
 
 
 # accelerate's DistributedTypes whose launcher starts num_processes processes (accelerate launch_command); the others

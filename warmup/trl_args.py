@@ -155,7 +155,7 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
     trl = read_trl_args(spec, cls)
     given = dict(trl.trainer)
     problems = list(trl.problems)
-    problems += _impossible_values(given)
+    problems += _impossible_values(given, spec.trainer)
     problems += [
         FieldProblem(f"args.{name}", hint)
         for name, value in given.items()
@@ -235,6 +235,9 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
             )
         compile_mode = compile_mode or trl.launch.dynamo_mode
     notes = list(trl.warnings) + _deprecations(caught, given)
+    max_length = getattr(config, "max_length", None)
+    if isinstance(max_length, int) and max_length < 0:
+        notes.append(negative_max_length_note(max_length, getattr(config, "truncation_mode", "keep_start")))
     # transformers maps `fsdp` / `fsdp_config` onto accelerate's FSDP plugin arguments as it builds the config
     launch = with_trainer_fsdp(trl.launch, getattr(config, "fsdp_plugin_args", None))
     return TrainerArgs(
@@ -340,13 +343,47 @@ def _annotations(cls: type) -> dict[str, Any]:
         return {}
 
 
-def _impossible_values(given: dict[str, Any]) -> list[FieldProblem]:
+def truncation_slice(max_length: int, truncation_mode: str) -> slice:
+    """The slice TRL truncates a row with (SFTTrainer._prepare_dataset, DPO's collator): a negative max_length
+    is a Python slice end too (`max_length: -1` drops each row's last token under keep_start, its first under
+    keep_end), not "no truncation"."""
+    return slice(None, max_length) if truncation_mode != "keep_end" else slice(-max_length, None)
+
+
+def truncated_length(length: int, max_length: int | None, truncation_mode: str = "keep_start") -> int:
+    """A row's length after TRL's truncation."""
+    if max_length is None:
+        return length
+    return len(range(length)[truncation_slice(max_length, truncation_mode)])
+
+
+def _impossible_values(given: dict[str, Any], trainer: str) -> list[FieldProblem]:
     problems = []
     for name in POSITIVE_INT_FIELDS:
         value = given.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            problems.append(FieldProblem(f"args.{name}", f"must be at least 1, got {value}"))
+        if not isinstance(value, int) or isinstance(value, bool) or value >= 1:
+            continue
+        if name == "max_length" and value < 0 and trainer == "sft":
+            continue  # TRL slices with it: planned as it runs, with a warning (negative_max_length_note)
+        problem = f"must be at least 1, got {value}"
+        if name == "max_length" and value < 0:
+            problem += (
+                f" (TRL slices rows with [:{value}]: the {trainer} trainer's truncation with a negative max_length "
+                "is not planned here, only SFT's); max_length: null turns truncation off, which a negative value "
+                "likely meant"
+            )
+        problems.append(FieldProblem(f"args.{name}", problem))
     return problems
+
+
+def negative_max_length_note(max_length: int, truncation_mode: str) -> str:
+    dropped = "last" if truncation_mode != "keep_end" else "first"
+    how = f"[:{max_length}]" if truncation_mode != "keep_end" else f"[{-max_length}:]"
+    return (
+        f"max_length {max_length} does not turn truncation off: TRL slices every example with {how}, dropping its "
+        f"{dropped} {-max_length} token(s) (planned so); max_length: null is what turns it off, and is likely what "
+        "was meant"
+    )
 
 
 def _type_name(annotation: Any) -> str:

@@ -30,7 +30,7 @@ from importlib import resources
 from typing import Any
 
 from warmup.errors import FieldProblem, MissingDependencyError
-from warmup.spec import Spec
+from warmup.spec import Spec, trl_refuses
 from warmup.trl_launch import Launch as Launch  # re-exported: the interface's first home
 from warmup.trl_launch import LaunchProblem, read_launch
 
@@ -322,7 +322,7 @@ SCOPES_OF = {
 
 def refusal(name: str, trainer: str, *, detailed: bool = True) -> str:
     """`trl <trainer>` refuses an unknown key: say so in TRL's terms, then the fix."""
-    told = f"unknown field (`trl {trainer}` refuses it: accelerate launch: unrecognized arguments: --{name})"
+    told = trl_refuses(name, trainer)
     if not detailed:
         return f"{told}; drop it"
     return f"{told}; {fix_for(name, trainer)}"

@@ -1,12 +1,17 @@
 """Real `trl <trainer> --config` files, as found in TRL's documentation and public recipes, through `warmup plan`.
 
 tests/real_configs/ holds each file as its repository has it (PROVENANCE.yaml: repository, commit, path,
-license, trainer); the test points `model_name_or_path` at a tiny model in a copy, nothing else. TRL 1.16's
-own CLI decides which files it accepts (tests/support/trl_cli_truth.py runs its parsers); then:
+license, trainer; command lines written out as YAML say so), and the accelerate config files they name; the test
+points `model_name_or_path` at a tiny model in a copy, nothing else, and runs where those accelerate files lie at
+the paths the configs name them by (relative paths are read from the working directory, as `trl` reads them).
+TRL 1.16's own CLI decides which files it accepts (tests/support/trl_cli_truth.py runs its parsers and
+accelerate's launch checks); then:
 
 - a file TRL accepts plans with exit 0 and at least one signature, or, for a trainer that generates, exits 2
   naming the missing prompt-length fact (the file has no data facts);
 - a file TRL refuses exits 2, naming every field TRL refuses with a fix for it;
+- a file without model_name_or_path (another tool's `model_id`) exits 2 naming it: TRL's CLI gets as far as
+  the launch, but its script has no model to load;
 - no file exits 0 with no signature.
 """
 
@@ -26,7 +31,9 @@ from tests.support.trl_cli_truth import trl_cli_verdict
 from warmup.cli import main
 
 ROOT = Path(__file__).resolve().parents[1] / "real_configs"
-CONFIGS = yaml.safe_load((ROOT / "PROVENANCE.yaml").read_text())["configs"]
+PROVENANCE = yaml.safe_load((ROOT / "PROVENANCE.yaml").read_text())
+CONFIGS = PROVENANCE["configs"]
+ACCELERATE_CONFIGS = PROVENANCE["accelerate_configs"]
 ONLINE = {"grpo", "rloo", "distillation"}
 # What a fix says: a replacement, a removal, a value, the missing fact, or TRL's own words for a value check.
 FIX = re.compile(
@@ -42,6 +49,17 @@ def model(tmp_path_factory) -> Path:
     return write_bpe_model(tmp_path_factory.mktemp("real-config-model"))
 
 
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A working directory with every accelerate config file at the path the configs name it by."""
+    directory = tmp_path_factory.mktemp("real-config-workdir")
+    for entry in ACCELERATE_CONFIGS:
+        target = directory / entry["named"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text((ROOT / entry["file"]).read_text())
+    return directory
+
+
 def run(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -51,22 +69,33 @@ def run(argv: list[str]) -> tuple[int, str, str]:
 
 def with_model(entry: dict, model: Path, tmp_path: Path) -> Path:
     data = yaml.safe_load((ROOT / entry["file"]).read_text())
-    data["model_name_or_path"] = str(model)
+    if "model_name_or_path" in data:
+        data["model_name_or_path"] = str(model)
     copy = tmp_path / Path(entry["file"]).name
     copy.write_text(yaml.safe_dump(data, sort_keys=False))
     return copy
 
 
 def test_the_collection_is_large_and_documented():
-    assert len(CONFIGS) >= 40
-    for entry in CONFIGS:
+    assert len(CONFIGS) >= 140
+    kinds = {entry.get("converted", "file") for entry in CONFIGS}
+    assert kinds == {"file", "command line"}
+    for entry in CONFIGS + ACCELERATE_CONFIGS:
         assert (ROOT / entry["file"]).is_file()
         assert re.fullmatch(r"[0-9a-f]{40}", entry["commit"]) and entry["repository"] and entry["license"]
+    named = {entry["named"] for entry in ACCELERATE_CONFIGS}
+    # every accelerate config file the collected configs name is in the collection (or is one of TRL's presets)
+    for entry in CONFIGS:
+        data = yaml.safe_load((ROOT / entry["file"]).read_text())
+        assert data.get("config_file") in named | {None}, entry["file"]
 
 
 @pytest.mark.parametrize("entry", CONFIGS, ids=[e["file"] for e in CONFIGS])
-def test_a_real_config_plans_or_gets_trls_answer_with_the_fix(entry, model, tmp_path):
+def test_a_real_config_plans_or_gets_trls_answer_with_the_fix(entry, model, workdir, tmp_path, monkeypatch):
+    monkeypatch.chdir(workdir)
     accepted, trl_says = trl_cli_verdict(entry["trainer"], ROOT / entry["file"])
+    if accepted and "model_name_or_path" not in yaml.safe_load((ROOT / entry["file"]).read_text()):
+        accepted, trl_says = False, "no model_name_or_path: the script has no model to load"
     code, out, err = run(
         [
             "plan",
