@@ -100,8 +100,8 @@ def main() -> int:
                 continue
             script, config = found
             trainer = trainer_of(script)
-            if trainer is None or not config:
-                continue
+            if trainer is None or not config or "config" in config:
+                continue  # `--config FILE` names a file the page does not hold
             add(
                 repo,
                 name,

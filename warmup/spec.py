@@ -311,8 +311,9 @@ def parse_spec(
                 loc=key,
             )
     named_trainer = trainer or data.get("trainer") or side.get("trainer")
-    if is_trl_cli_config(data) or (named_trainer and "model" not in data and "args" not in data):
-        # A trl config (a spec names `model` and nests `args`), read as `trl <trainer>` reads it even when it
+    flat_keys = set(data) - set(Spec.model_fields) - set(JOB_KEYS)
+    if is_trl_cli_config(data) or (named_trainer and "args" not in data and ("model" not in data or flat_keys)):
+        # A trl config (a spec nests the trainer's fields in `args`), read as `trl <trainer>` reads it even when it
         # lacks model_name_or_path: the errors are TRL's, not the spec format's.
         trainer = trainer or data.pop("trainer", None) or side.get("trainer")
         data = from_trl_cli_config(data, trainer=trainer, side=side)
@@ -438,6 +439,7 @@ def from_trl_cli_config(
 
 # Other tools' names for the model a trl config must name model_name_or_path.
 MODEL_KEY_ALIASES = {
+    "model": "the spec format's (and some scripts') name for the model",
     "model_id": "optimum-neuron's training scripts' name for the model",
     "model_name": "another script's name for the model",
     "model_path": "another script's name for the model",
