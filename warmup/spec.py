@@ -312,7 +312,9 @@ def parse_spec(
             )
     named_trainer = trainer or data.get("trainer") or side.get("trainer")
     flat_keys = set(data) - set(Spec.model_fields) - set(JOB_KEYS)
-    if is_trl_cli_config(data) or (named_trainer and "args" not in data and ("model" not in data or flat_keys)):
+    if is_trl_cli_config(data) or (
+        named_trainer and "args" not in data and ("model" not in data or flat_keys)
+    ):
         # A trl config (a spec nests the trainer's fields in `args`), read as `trl <trainer>` reads it even when it
         # lacks model_name_or_path: the errors are TRL's, not the spec format's.
         trainer = trainer or data.pop("trainer", None) or side.get("trainer")
