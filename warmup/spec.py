@@ -311,7 +311,12 @@ def parse_spec(
                 loc=key,
             )
     named_trainer = trainer or data.get("trainer") or side.get("trainer")
-    flat_keys = set(data) - set(Spec.model_fields) - set(JOB_KEYS)
+    # keys a spec does not have, other than misspellings of its own (`tagret`)
+    flat_keys = {
+        key
+        for key in set(data) - set(Spec.model_fields) - set(JOB_KEYS)
+        if not difflib.get_close_matches(str(key), list(Spec.model_fields), n=1, cutoff=0.8)
+    }
     if is_trl_cli_config(data) or (
         named_trainer and "args" not in data and ("model" not in data or flat_keys)
     ):
