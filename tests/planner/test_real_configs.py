@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.launch_truth import write_accelerate_configs
 from tests.support.tiny_model import write_bpe_model
 from tests.support.trl_cli_truth import trl_cli_verdict
 from warmup.cli import main
@@ -53,12 +54,7 @@ def model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     """A working directory with every accelerate config file at the path the configs name it by."""
-    directory = tmp_path_factory.mktemp("real-config-workdir")
-    for entry in ACCELERATE_CONFIGS:
-        target = directory / entry["named"]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text((ROOT / entry["file"]).read_text())
-    return directory
+    return write_accelerate_configs(tmp_path_factory.mktemp("real-config-workdir"))
 
 
 def run(argv: list[str]) -> tuple[int, str, str]:
@@ -164,3 +160,47 @@ def test_orpo_is_not_taken_for_grpo(model, tmp_path):
     config.write_text(yaml.safe_dump({"model_name_or_path": str(model)}))
     code, _, err = run(["plan", str(config), "--trainer", "orpo"])
     assert code == 2 and "did you mean" not in err and "trl.experimental" in err and "sft, dpo" in err
+
+
+def test_smol_courses_max_length_minus_one_is_planned_as_trl_slices_it(model, tmp_path):
+    """smol-course's `trl sft ... --max_length -1`: TRL truncates with [:-1], each example loses its last token."""
+    data = yaml.safe_load((ROOT / "smol-course/units-en-unit3-4-L387.yaml").read_text())
+    assert data["max_length"] == -1
+    data.update(
+        model_name_or_path=str(model), data={"max_tokens": 257, "min_tokens": 200, "num_train_examples": 32}
+    )
+    config = tmp_path / "smol.yaml"
+    config.write_text(yaml.safe_dump(data))
+    code, out, err = run(["plan", str(config), "--trainer", "sft", "--target", "neuron", "--format", "json"])
+    assert code == 0, err
+    plan = json.loads(out)
+    assert {s["seq_len"] for s in plan["signatures"]} == {256}  # 257 - 1 tokens: one bucket of 128, not two
+    assert (
+        "max_length -1 does not turn truncation off: TRL slices every example with [:-1], dropping its last 1 "
+        "token(s) (planned so); max_length: null is what turns it off, and is likely what was meant"
+    ) in plan["warnings"]
+
+
+def test_optimum_neurons_model_id_gets_trls_answer_not_the_spec_formats(tmp_path):
+    code, out, err = run(
+        [
+            "plan",
+            str(ROOT / "optimum-neuron/examples-training-qwen3-finetune_qwen3-L27.yaml"),
+            "--trainer",
+            "sft",
+        ]
+    )
+    assert code == 2 and out == ""
+    assert (
+        "model_name_or_path: required: `trl` reads the model to train from model_name_or_path (TRL's ModelConfig); "
+        "without it `trl sft` starts with no model to load"
+    ) in err
+    assert (
+        "args.model_id: unknown field (`trl sft` refuses it: accelerate launch: unrecognized arguments: --model_id); "
+        "optimum-neuron's training scripts' name for the model: `trl` reads model_name_or_path, rename it"
+    ) in err
+    for key in ("tensor_parallel_size", "zero_1", "async_save"):  # optimum-neuron's own arguments
+        assert f"args.{key}: unknown field (`trl sft` refuses it" in err
+    assert (
+        "learning_rate" not in err and "model: Field required" not in err
+    )  # TRL reads those; no spec format
