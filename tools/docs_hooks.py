@@ -127,6 +127,8 @@ def cli_page() -> str:
         anchor = name.replace(" ", "-")
         usage = " ".join(sub.format_usage().removeprefix("usage: ").split())
         lines += ["", f"## {name} {{#{anchor}}}", "", help_text[:1].upper() + help_text[1:] + ".", ""]
+        if sub.description:
+            lines += [" ".join(sub.description.split()), ""]
         lines += ["```", usage, "```", ""]
         rows = _option_rows(sub)
         if rows:
