@@ -571,6 +571,17 @@ FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1", re.M | re.S)
 INLINE = re.compile(r"`([^`\n]+)`")
 ENV_NAME = re.compile(r"(?<!secrets\.)(?<!vars\.)\bWARMUP_[A-Z][A-Z0-9_]*\b")
 FROM_WARMUP = re.compile(r"^\s*from warmup import ([\w, ()]+)$", re.M)
+# A path in the repository, as pages cite code, tests and deployment files.
+REPO_PATH = re.compile(
+    r"(?<![\w./-])((?:warmup|api|worker|tests|benchmarks|tools|docker|examples|migrations|docs)/[\w./-]*[\w/])"
+    r"(?![\w./<*{-])"
+)
+# Paths the pages cite in other projects' repositories (TRL, optimum-neuron, torch-neuronx), not in this one.
+EXTERNAL_PATHS = {
+    "examples/cli_configs/example_config.yaml",
+    "docs/source/guides/cache_system.mdx",
+    "tests/cache/test_persistent_caching_e2e.py",
+}
 
 
 def _known_variables() -> set[str]:
@@ -655,6 +666,9 @@ class _Checker:
                 yield from self.command_problems(line)
         for name in sorted(set(ENV_NAME.findall(markdown)) - self.variables):
             yield f"{name} is not a variable the code reads"
+        for path in sorted({p for block in code for p in REPO_PATH.findall(block)}):
+            if path not in EXTERNAL_PATHS and not (REPO / path.rstrip("/")).exists():
+                yield f"`{path}` is not a file or folder of the repository"
         for names in FROM_WARMUP.findall("\n".join(code)):
             for name in (n.strip(" ()") for n in names.split(",")):
                 if name and name not in self.public:
@@ -678,8 +692,15 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
     return markdown
 
 
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
 def on_post_build(config: MkDocsConfig) -> None:
     for name in CHECKED_OUTSIDE:
         path = REPO / name
         if path.is_file():
-            _check(name, path.read_text())
+            text = path.read_text()
+            _check(name, text)
+            for target in LINK.findall(text):  # relative links must land on a file (mkdocs checks the pages)
+                if "://" not in target and not (path.parent / target).exists():
+                    log.warning("%s: the link to %s leads nowhere", name, target)
