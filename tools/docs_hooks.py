@@ -125,7 +125,7 @@ def cli_page() -> str:
         lines.append(f"| [`{name}`](#{anchor}) | {_cell(help_text)} |")
     for name, help_text, sub in commands:
         anchor = name.replace(" ", "-")
-        usage = " ".join(sub.format_usage().removeprefix("usage: ").split())
+        usage = sub.format_usage().removeprefix("usage: ").rstrip()
         lines += ["", f"## {name} {{#{anchor}}}", "", help_text[:1].upper() + help_text[1:] + ".", ""]
         if sub.description:
             lines += [" ".join(sub.description.split()), ""]
@@ -538,7 +538,9 @@ def python_api_page() -> str:
             "",
             f"::: {module}.{attribute}",
             "    options:",
-            "      show_root_heading: false",
+            "      show_root_heading: true",
+            "      show_root_toc_entry: false",
+            "      show_root_full_path: false",
             "      heading_level: 3",
             "",
         ]
