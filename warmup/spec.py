@@ -208,6 +208,12 @@ class Spec(_StrictModel):
     )
     data: DataFacts = Field(default_factory=DataFacts)
     target: Target = Field(default_factory=Target)
+    files: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The files the job's launch names (its accelerate config file, a DeepSpeed or FSDP JSON), read "
+        "where the config was read: the path as the config writes it -> the file's parsed content. Whoever plans or "
+        "warms the spec reads these, not its own disk; `warmup` fills them when it reads a config.",
+    )
 
     @field_validator("trainer", mode="before")
     @classmethod
@@ -216,7 +222,7 @@ class Spec(_StrictModel):
             return value.lower()
         raise ValueError(unknown_trainer_message(value))
 
-    @field_validator("args", "peft")
+    @field_validator("args", "peft", "files")
     @classmethod
     def _plain_config(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
         if value is not None:
@@ -233,7 +239,10 @@ class Spec(_StrictModel):
 
     def canonical_json(self) -> str:
         """A stable JSON form: the same spec always gives the same bytes."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        dumped = self.model_dump(mode="json")
+        if not dumped["files"]:
+            del dumped["files"]  # a spec without launch files keeps the key it had before they were carried
+        return json.dumps(dumped, sort_keys=True, separators=(",", ":"))
 
     def key(self) -> str:
         """sha256 of the canonical JSON; the same spec submitted twice has the same key."""
@@ -331,7 +340,17 @@ def parse_spec(
             data["trainer"] = trainer
     if target is not None:
         data = {**data, "target": {**(data.get("target") or {}), **target}}
-    processes = launched_processes(data["args"]) if isinstance(data.get("args"), dict) else None
+    if isinstance(data.get("args"), dict):
+        given_files = data.get("files")
+        data = {
+            **data,
+            "files": launch_files(data["args"], given_files if isinstance(given_files, dict) else {}),
+        }
+    processes = (
+        launched_processes(data["args"], data.get("files") or {})
+        if isinstance(data.get("args"), dict)
+        else None
+    )
     if processes is not None:
         data = {**data, "target": {**(data.get("target") or {}), "_processes": processes}}
     _check_world_size(data)
@@ -501,27 +520,22 @@ def accelerate_launch_option(name: str) -> bool:
 MULTI_PROCESS_TYPES = ("DEEPSPEED", "FSDP", "MEGATRON_LM", "XLA")
 
 
-def launched_processes(args: dict[str, Any]) -> int | None:
+def launched_processes(args: dict[str, Any], files: dict[str, Any]) -> int | None:
     """How many processes `accelerate launch` starts for a trl config's launch keys, by accelerate's rule: the
     config file (`config_file`, else `accelerate_config`: a file or one of TRL's presets) picks the launcher and its
     count, an explicit `num_processes` wins over the file's. None when the launch names no count (accelerate counts
-    the training machine's GPUs). `warmup.trl_launch` reads the whole launch with accelerate itself; a test holds the
-    two equal. A named file that does not exist is refused, naming it."""
+    the training machine's GPUs). `files`: the launch files' content (`launch_files`). `warmup.trl_launch` reads the
+    whole launch with accelerate itself; a test holds the two equal."""
     count = _count(args.get("num_processes"))
     if "config_file" in args:  # `trl` puts accelerate_config's file first: a config_file key wins
-        config = _accelerate_file(args["config_file"], "args.config_file")
+        config = files.get(str(args["config_file"]))
     elif "accelerate_config" in args:
-        name = args["accelerate_config"]
-        preset = trl_cli_fields()["accelerate_presets"].get(name) if isinstance(name, str) else None
-        config = (
-            _accelerate_file(name, "args.accelerate_config")
-            if preset is None or Path(str(name)).is_file()
-            else preset
-        )
+        name = str(args["accelerate_config"])
+        config = files[name] if name in files else trl_cli_fields()["accelerate_presets"].get(name)
     else:
         return count
     if not isinstance(config, dict):
-        return None  # accelerate refuses the file; warmup.trl_launch says so with its words
+        return None  # accelerate (or TRL) refuses it; warmup.trl_config says so with their words
     distributed = str(config.get("distributed_type", "NO")).upper()
     multi = distributed in MULTI_PROCESS_TYPES or (
         distributed.startswith("MULTI_") and distributed != "MULTI_CPU"
@@ -531,21 +545,47 @@ def launched_processes(args: dict[str, Any]) -> int | None:
     return count if count is not None else _count(config.get("num_processes"))
 
 
+def launch_files(args: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
+    """The files a trl config's launch names, read as the launch reads them (relative paths from the working
+    directory), so that they travel with the spec: the accelerate config file (`config_file`, or `accelerate_config`
+    when it names a file), the DeepSpeed JSON it or the `deepspeed_config_file` key names, the trainer's `deepspeed`
+    and `fsdp_config` when they are paths. `files` already carried are kept. A named file that is nowhere is refused,
+    naming it (an `accelerate_config` that is no file is TRL's preset name, or TRL's refusal)."""
+    found = dict(files)
+
+    def read(path: Any, loc: str, what: str) -> Any:
+        if not isinstance(path, str):
+            return None
+        if path not in found:
+            if not Path(path).is_file():
+                raise SpecError(missing_launch_file(path, what), loc=loc)
+            try:
+                found[path] = yaml.safe_load(Path(path).read_text())  # YAML reads the JSON ones too
+            except (OSError, yaml.YAMLError) as error:
+                raise SpecError(f"cannot read {path}: {error}", loc=loc) from None
+        return found[path]
+
+    accelerate_file: Any = None
+    if "config_file" in args:
+        accelerate_file = read(args["config_file"], "args.config_file", "`accelerate launch`")
+    elif isinstance(args.get("accelerate_config"), str) and (
+        args["accelerate_config"] in found or Path(args["accelerate_config"]).is_file()
+    ):
+        accelerate_file = read(args["accelerate_config"], "args.accelerate_config", "`trl`")
+    section = accelerate_file.get("deepspeed_config") if isinstance(accelerate_file, dict) else None
+    if "deepspeed_config_file" in args:  # an explicit key wins over the file's
+        read(args["deepspeed_config_file"], "args.deepspeed_config_file", "the training process")
+    elif isinstance(section, dict) and section.get("deepspeed_config_file"):
+        loc = "args.config_file" if "config_file" in args else "args.accelerate_config"
+        read(section["deepspeed_config_file"], loc, "the training process")
+    for key in ("deepspeed", "fsdp_config"):  # TrainingArguments: a path or an inline dict
+        read(args.get(key), f"args.{key}", "the training process")
+    return found
+
+
 def missing_launch_file(path: Any, what: str) -> str:
     """The refusal of a file the launch names that is not there (relative paths: accelerate's working directory)."""
     return f"no such file: {path} ({what} reads it from the working directory, {Path.cwd()})"
-
-
-def _accelerate_file(name: Any, loc: str) -> Any:
-    path = Path(str(name))
-    if not path.is_file():
-        if loc == "args.accelerate_config":
-            return None  # neither a file nor a preset: TRL's own refusal comes from warmup.trl_config
-        raise SpecError(missing_launch_file(name, "`accelerate launch`"), loc=loc)
-    try:
-        return yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return None
 
 
 def _count(value: Any) -> int | None:

@@ -166,6 +166,10 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         raise SpecError(problems)
 
     kwargs = {**given, **{k: v for k, v in MACHINE_CHECKED.items() if k in fields}}
+    if isinstance(given.get("fsdp_config"), str) and isinstance(spec.files.get(given["fsdp_config"]), dict):
+        kwargs["fsdp_config"] = dict(
+            spec.files[given["fsdp_config"]]
+        )  # the JSON as read where the config was
     kwargs.setdefault("output_dir", "warmup-plan")
     # "auto" resolves per target, exactly as TRL does on the device the job runs on.
     kwargs["pad_to_multiple_of"] = resolve_pad_to_multiple_of(given.get("pad_to_multiple_of", "auto"), spec)

@@ -32,7 +32,7 @@ from typing import Any
 from warmup.errors import FieldProblem, MissingDependencyError
 from warmup.spec import Spec, trl_refuses
 from warmup.trl_launch import Launch as Launch  # re-exported: the interface's first home
-from warmup.trl_launch import LaunchProblem, read_launch
+from warmup.trl_launch import LaunchProblem, placed_files, read_launch
 
 # Fixes no deprecation message states (the field is still there, or left without a word).
 HAND_HINTS: dict[str, str] = {
@@ -237,23 +237,24 @@ def _read_launcher(
     named = leftover.get("accelerate_config")
     if named is not None:
         keys.setdefault("config_file", "args.accelerate_config")  # a config_file key comes later and wins
-    # The line `trl` hands to accelerate: every key as `--key str(value)`, in the file's order.
-    argv = [item for name, value in leftover.items() for item in (f"--{name}", str(value))]
-    try:
-        argv = resolve_accelerate_config_argument(argv)
-    except ValueError as error:
-        problems.append(FieldProblem("args.accelerate_config", f"TRL refuses it: {error}"))
     if problems:
         return Launch()
-    # TRL puts the file accelerate_config names first: a preset is named by its name, not its path in site-packages.
-    labels = (
-        {argv[1]: f"accelerate_config {named}"} if named is not None and argv[:1] == ["--config_file"] else {}
-    )
-    try:
-        return read_launch(argv, keys, labels, trainer.get("deepspeed"), parser)
-    except LaunchProblem as error:
-        problems.append(error.problem)
-        return Launch()
+    with placed_files(leftover, spec.files) as (placed, labels):
+        # The line `trl` hands to accelerate: every key as `--key str(value)`, in the file's order.
+        argv = [item for name, value in placed.items() for item in (f"--{name}", str(value))]
+        try:
+            argv = resolve_accelerate_config_argument(argv)
+        except ValueError as error:
+            problems.append(FieldProblem("args.accelerate_config", f"TRL refuses it: {error}"))
+            return Launch()
+        if named is not None and argv[:1] == ["--config_file"] and argv[1] not in labels:
+            # TRL put the preset accelerate_config names first: named by its name, not its path in site-packages
+            labels = {**labels, argv[1]: f"accelerate_config {named}"}
+        try:
+            return read_launch(argv, keys, labels, trainer.get("deepspeed"), parser, spec.files)
+        except LaunchProblem as error:
+            problems.append(error.problem)
+            return Launch()
 
 
 def _valueless(name: str) -> str:

@@ -21,7 +21,11 @@ plugin's arguments (`fsdp_plugin_args`), which win.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,16 +142,62 @@ PLUGIN_ARGS_TO_FSDP_KEYS = {
 }
 
 
+@contextlib.contextmanager
+def placed_files(
+    leftover: dict[str, Any], files: dict[str, Any]
+) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
+    """The launch keys with the files they name (the spec's `files`, read where the config was read) written to a
+    scratch directory, for accelerate to open as it opens them, and each scratch path's name as the config wrote it."""
+    if not files:
+        yield leftover, {}
+        return
+    with tempfile.TemporaryDirectory(prefix="warmup-launch-") as scratch:
+        placed: dict[str, str] = {}
+
+        def place(name: str, content: Any) -> str:
+            if name not in placed:
+                target = Path(scratch) / str(len(placed)) / Path(name).name
+                target.parent.mkdir()
+                json_file = (
+                    target.suffix == ".json"
+                    or not isinstance(content, dict)
+                    or "zero_optimization" in content
+                )
+                target.write_text(json.dumps(content) if json_file else yaml.safe_dump(content))
+                placed[name] = str(target)
+            return placed[name]
+
+        keys = dict(leftover)
+        for key in ("config_file", "accelerate_config"):
+            name = keys.get(key)
+            if isinstance(name, str) and isinstance(files.get(name), dict):
+                content = dict(files[name])
+                section = content.get("deepspeed_config")
+                if isinstance(section, dict) and section.get("deepspeed_config_file") in files:
+                    json_name = section["deepspeed_config_file"]
+                    content["deepspeed_config"] = {
+                        **section,
+                        "deepspeed_config_file": place(json_name, files[json_name]),
+                    }
+                keys[key] = place(name, content)
+        name = keys.get("deepspeed_config_file")
+        if isinstance(name, str) and name in files:
+            keys["deepspeed_config_file"] = place(name, files[name])
+        yield keys, {path: name for name, path in placed.items()}
+
+
 def read_launch(
     argv: list[str],
     keys: dict[str, str],
     labels: dict[str, str],
     trainer_deepspeed: Any,
     parser: argparse.ArgumentParser,
+    files: dict[str, Any] | None = None,
 ) -> Launch:
     """The Launch of `accelerate launch ARGV SCRIPT` with the trainer config's `deepspeed` value. `keys` maps each
-    accelerate dest the config set to the config key that set it (where a problem is), `labels` a config file's
-    path to the name the user gave it. Raises LaunchProblem."""
+    accelerate dest the config set to the config key that set it (where a problem is), `labels` a file's path on
+    the line to the name the config gave it, `files` the spec's launch files (the trainer's `deepspeed` path is
+    looked up there). Raises LaunchProblem."""
     from accelerate.commands.launch import _validate_launch_command
 
     args = parser.parse_args([*argv, "SCRIPT"])
@@ -156,13 +206,14 @@ def read_launch(
     explicit_precision = args.mixed_precision
     if args.config_file is not None:
         where = keys.get("config_file", "args.config_file")
+        file_name = labels.get(str(args.config_file), str(args.config_file))
         if not Path(args.config_file).is_file():
-            raise LaunchProblem(where, missing_launch_file(args.config_file, "`accelerate launch`"))
+            raise LaunchProblem(where, missing_launch_file(file_name, "`accelerate launch`"))
         args.mixed_precision = None  # an explicit value wins anyway; the check it triggers asks this machine
         try:
             args, defaults, _ = _validate_launch_command(args)
         except (ValueError, OSError, yaml.YAMLError) as error:
-            raise LaunchProblem(where, f"`accelerate launch` refuses {args.config_file}: {error}") from None
+            raise LaunchProblem(where, f"`accelerate launch` refuses {file_name}: {error}") from None
         if explicit_precision is not None:
             args.mixed_precision = explicit_precision
     source = (
@@ -185,7 +236,10 @@ def read_launch(
     deepspeed: dict[str, Any] = {}
     stage = offload_optimizer = offload_param = zero3_init = None
     if trainer_deepspeed is not None or distributed == "DEEPSPEED":
-        plugin = _deepspeed_plugin(args, defaults, trainer_deepspeed, keys)
+        json_config = trainer_deepspeed
+        if isinstance(json_config, str) and isinstance((files or {}).get(json_config), dict):
+            json_config = (files or {})[json_config]  # the JSON as read where the config was read
+        plugin = _deepspeed_plugin(args, defaults, json_config, keys, labels)
         distributed = "DEEPSPEED"
         deepspeed = {
             k: v for k, v in plugin.deepspeed_config.items() if k != "steps_per_print"
@@ -255,7 +309,11 @@ def with_trainer_fsdp(launch: Launch, plugin_args: dict[str, Any] | None) -> Lau
 
 
 def _deepspeed_plugin(
-    args: argparse.Namespace, defaults: Any, trainer_deepspeed: Any, keys: dict[str, str]
+    args: argparse.Namespace,
+    defaults: Any,
+    trainer_deepspeed: Any,
+    keys: dict[str, str],
+    labels: dict[str, str],
 ) -> Any:
     """accelerate's DeepSpeedPlugin as the training process builds it from the launcher's settings."""
     from accelerate.utils import DeepSpeedPlugin
@@ -267,7 +325,7 @@ def _deepspeed_plugin(
         else keys.get("deepspeed_config_file", keys.get("config_file", "args.config_file"))
     )
     if isinstance(config, str) and not Path(config).is_file():
-        raise LaunchProblem(where, missing_launch_file(config, "the training process"))
+        raise LaunchProblem(where, missing_launch_file(labels.get(config, config), "the training process"))
     if config is not None and defaults is not None:
         # DeepSpeedPlugin._deepspeed_config_checks: with a DeepSpeed JSON, these accelerate keys must not be set
         ignored = {

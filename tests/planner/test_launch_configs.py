@@ -21,6 +21,7 @@ import yaml
 from tests.support.launch_truth import accelerate_truth, trl_launch_line, write_accelerate_configs
 from tests.support.tiny_model import write_bpe_model
 from warmup.cli import main
+from warmup.errors import SpecError
 from warmup.spec import load_spec
 from warmup.trl_args import resolve_trainer_args
 
@@ -286,3 +287,43 @@ def test_num_processes_under_a_single_process_file_is_warned_about(workdir, monk
     plan = json.loads(out)
     assert {s["world_size"] for s in plan["signatures"]} == {1}
     assert any("num_processes 8 is not what runs" in warning for warning in plan["warnings"])
+
+
+def test_the_launch_files_travel_with_the_spec_to_where_the_files_are_not(workdir, tmp_path, monkeypatch):
+    """A service or a worker plans the spec the CLI read, away from the user's files: the accelerate config, the
+    DeepSpeed JSON it names and the trainer's FSDP JSON come in the spec's `files`, and plan the same job."""
+    from warmup.spec import parse_spec
+
+    monkeypatch.chdir(workdir)
+    (workdir / "fsdp.json").write_text(
+        json.dumps({"version": 1, "transformer_layer_cls_to_wrap": "LlamaDecoderLayer"})
+    )
+    cases = {
+        "deepspeed_json": CASES["deepspeed_json"],
+        "zero3": CASES["zero3_offload_given"],
+        "trainer_fsdp": {"fsdp": "full_shard", "fsdp_config": "fsdp.json", "num_processes": 4},
+    }
+    target = {"backend": "inductor", "device": "cpu"}
+    for name, keys in cases.items():
+        here = load_spec(str(write_config(workdir, name, keys)), trainer="sft", target=target)
+        assert here.files  # read where the config is
+        launch_here = resolve_trainer_args(here).launch
+        document = json.loads(here.canonical_json())
+        monkeypatch.chdir(tmp_path)  # the service: none of those files
+        there = parse_spec(document)
+        assert there.key() == here.key()
+        launch_there = resolve_trainer_args(there).launch
+        assert launch_there == launch_here and launch_there.deepspeed == launch_here.deepspeed
+        monkeypatch.chdir(workdir)
+    # a spec naming a file it does not carry, read where the file is not, is refused naming it
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError) as error:
+        parse_spec({**document, "files": {}})
+    assert "args.fsdp_config" in str(error.value) and "no such file: fsdp.json" in str(error.value)
+
+
+def test_a_spec_without_launch_files_keeps_its_key():
+    from warmup.spec import Spec
+
+    spec = Spec(trainer="sft", model="m", args={"max_length": 64})
+    assert '"files"' not in spec.canonical_json()
