@@ -74,6 +74,8 @@ CASES = {
     },
     "gpt_oss_zero3": {"config_file": "configs/zero3.yaml"},
     "deepspeed_json": {"config_file": "ds_file.yaml"},
+    "dynamo_file": {"config_file": "dynamo.yaml"},
+    "dynamo_given": {"config_file": f"{EXAMPLES}/multi_gpu.yaml", "dynamo_backend": "inductor"},
 }
 
 
@@ -89,6 +91,16 @@ def workdir(tmp_path_factory) -> Path:
                 "distributed_type": "DEEPSPEED",
                 "num_processes": 4,
                 "deepspeed_config": {"deepspeed_config_file": "ds.json", "zero3_init_flag": True},
+            }
+        )
+    )
+    # accelerate's own dynamo section: every prepared module compiled
+    (directory / "dynamo.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "distributed_type": "MULTI_GPU",
+                "num_processes": 2,
+                "dynamo_config": {"dynamo_backend": "INDUCTOR", "dynamo_mode": "max-autotune"},
             }
         )
     )
@@ -127,6 +139,9 @@ def test_the_plan_runs_what_accelerate_launch_runs(case, workdir, monkeypatch):
         truth.distributed_type,
     )
     assert launch.mixed_precision == truth.mixed_precision
+    if "ACCELERATE_DYNAMO_BACKEND" in truth.env:
+        assert (launch.dynamo_backend or "no") == truth.env["ACCELERATE_DYNAMO_BACKEND"].lower()
+        assert (launch.dynamo_mode or "default") == truth.env["ACCELERATE_DYNAMO_MODE"]
     if truth.deepspeed is not None:
         plugin = truth.deepspeed
         assert launch.zero_stage == plugin.zero_stage
