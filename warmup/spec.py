@@ -585,7 +585,10 @@ def launch_files(args: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
 
 def missing_launch_file(path: Any, what: str) -> str:
     """The refusal of a file the launch names that is not there (relative paths: accelerate's working directory)."""
-    return f"no such file: {path} ({what} reads it from the working directory, {Path.cwd()})"
+    return (
+        f"no such file: {path} ({what} reads it from the working directory, {Path.cwd()}; a spec sent elsewhere "
+        "carries the files its launch names in `files`, as warmup's commands fill it)"
+    )
 
 
 def _count(value: Any) -> int | None:
