@@ -14,9 +14,10 @@ copied to another path and the same program runs again in a fresh process, each 
 
 For each it prints Inductor's FX graph and AOTAutograd cache counters, the files that appeared in the cache
 directory (by kind), the compiler runs (a logging `g++` first on PATH: kernel builds, precompiled headers,
-preprocessor runs) and where the precompiled headers went. `--normalise` runs every process under
-trl-warmup's canonical kernel layout (warmup/layout.py), which is what `warmup.activate`,
-`warmup exec` and the warm-up workers do.
+preprocessor runs) and where the precompiled headers went. `--normalise` runs the reference as a warm-up
+worker does and every variant as a training process under `warmup exec` or `warmup.activate` does: under
+trl-warmup's canonical kernel layout (warmup/layout.py), and, for the training processes, without building a
+precompiled header no kernel needs.
 
     python benchmarks/relocation_factors.py [--work DIR] [--variants same,home,tmpdir,user,prefix,python]
                                             [--normalise]
@@ -43,9 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = r"""
 import json, os, sys, time
-if os.environ.get("RELOCATION_NORMALISE") == "1":
+if os.environ.get("RELOCATION_LAYOUT") in ("worker", "pod"):
     from warmup import layout
-    layout.install()
+    layout.install()  # what a warm-up worker does
+    if os.environ["RELOCATION_LAYOUT"] == "pod":
+        layout.defer_precompiled_headers()  # what a training process under exec or activate does too
 import torch
 from torch._dynamo.utils import counters
 import torch._inductor.codecache as codecache
@@ -111,6 +114,8 @@ def main() -> None:
             python = str(other_install(work, "venv-python", base=relocated_python(work)))
         elif variant != "same":
             parser.error(f"unknown variant {variant!r}")
+        if ns.normalise:
+            env["RELOCATION_LAYOUT"] = "pod"
         cache = runs / variant / "cache"
         shutil.copytree(reference_cache, cache, symlinks=True)
         result = probe(python, cache, env, runs / variant)
@@ -126,7 +131,7 @@ def base_env(work: Path, normalise: bool) -> dict[str, str]:
     }
     env["PYTHONPATH"] = str(ROOT)
     env["OMP_NUM_THREADS"] = "1"  # in Inductor's key: the same everywhere
-    env["RELOCATION_NORMALISE"] = "1" if normalise else "0"
+    env["RELOCATION_LAYOUT"] = "worker" if normalise else "none"
     env["TMPDIR"] = str(work / "tmp")
     (work / "tmp").mkdir(exist_ok=True)
     return env

@@ -102,6 +102,26 @@ def libraries_digest(folder: str, names: list[str]) -> str:
     return _digest(lines)
 
 
+# The packages whose code runs inside a compiled graph of a TRL job (the model's forward and loss, LoRA layers,
+# accelerate's autocast wrapper): where their files are is where a graph's source locations point.
+GRAPH_SOURCE_PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate")
+
+
+def source_folders() -> tuple[str, ...]:
+    """The folders (sorted, each once) that GRAPH_SOURCE_PACKAGES are installed in, found without importing
+    them. TorchNeuron's NEFF key hashes its graph's IR together with each operation's source location (file
+    and line, from the FX node's stack trace): a NEFF cache serves only these folders (source-read, unverified
+    on hardware; docs/compile-caches.md, "Install locations")."""
+    from importlib.util import find_spec
+
+    folders = set()
+    for name in GRAPH_SOURCE_PACKAGES:
+        spec = find_spec(name)
+        if spec is not None and spec.origin is not None:
+            folders.add(os.path.dirname(os.path.dirname(os.path.abspath(spec.origin))))
+    return tuple(sorted(folders))
+
+
 def torch_folder() -> str | None:
     """Where torch is installed, as Inductor names it (the package folder, absolute), without importing it."""
     from importlib.util import find_spec
@@ -130,22 +150,27 @@ def locations() -> tuple[Location, ...]:
     return tuple(sorted(found, key=lambda location: len(location.folder), reverse=True))
 
 
-@functools.cache
-def _pattern() -> re.Pattern[str] | None:
-    folders = [location.folder for location in locations()]
-    if not folders:
-        return None
-    # A folder only where it ends a path or continues it with `/`: not the start of a longer name.
-    return re.compile("(" + "|".join(map(re.escape, folders)) + r")(?=[/\s'\"]|$)")
-
-
 def canonical(text: str) -> str:
-    """`text` with every folder of `locations()` replaced by the token naming its content."""
-    pattern = _pattern()
+    """`text` with every folder of this process's `locations()` replaced by the token naming its content."""
+    return rename_folders(text, locations())
+
+
+def rename_folders(text: str, found: tuple[Location, ...]) -> str:
+    """`text` with each location's folder replaced by its token, where the folder is a whole path or the
+    start of one (followed by `/`, a space, a quote or the end): `/usr/lib` is not renamed in `/usr/lib64`."""
+    pattern = _pattern(found)
     if pattern is None or not text:
         return text
-    tokens = {location.folder: location.token for location in locations()}
+    tokens = {location.folder: location.token for location in found}
     return pattern.sub(lambda match: tokens[match.group(1)], text)
+
+
+@functools.cache
+def _pattern(found: tuple[Location, ...]) -> re.Pattern[str] | None:
+    folders = sorted((location.folder for location in found), key=len, reverse=True)  # the longest first
+    if not folders:
+        return None
+    return re.compile("(" + "|".join(map(re.escape, folders)) + r")(?=[/\s'\"]|$)")
 
 
 def install(codecache: Any = None) -> None:

@@ -149,6 +149,12 @@ class Toolchain(BaseModel):
         None, description="CPU: the C++ compiler Inductor builds kernels with (`--version`'s first line)."
     )
     cuda: str | None = Field(None, description="CUDA: torch.version.cuda.")
+    source_dirs: tuple[str, ...] | None = Field(
+        None,
+        description="Neuron: the folders torch, transformers and the other packages whose code runs in a "
+        "compiled graph are installed in: TorchNeuron's NEFF key hashes the graph's IR with each operation's "
+        "source location (file and line), so a NEFF cache serves only these folders (source-read, unverified).",
+    )
     neuron_lnc: int | None = Field(None, description="Neuron: logical NeuronCore config (1 or 2).")
     compiler_flags: str | None = Field(None, description="Neuron: NEURON_CC_FLAGS, tokenised and sorted.")
     env: dict[str, str] = Field(default_factory=dict, description="Compile-relevant environment variables.")
@@ -324,11 +330,14 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
             device_kind=torch.cuda.get_device_name(torch.cuda.current_device()), cuda=torch.version.cuda
         )
     else:
+        from warmup import layout
+
         target = _neuron_target()
         facts.update(
             device_kind=target,
             neuron_lnc=neuron_lnc(target),
             compiler_flags=canonical_neuron_cc_flags(os.environ.get("NEURON_CC_FLAGS")),
+            source_dirs=layout.source_folders(),
         )
     return Toolchain(**facts)
 
@@ -356,6 +365,7 @@ BUILD_FIELDS = (
     "cuda",
     "kernel_paths",
     "cxx",
+    "source_dirs",
     "env",
 )
 ToolchainSource = Literal["remembered", "exact", "predicted", "computed"]
