@@ -48,7 +48,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "exec",
         help="pull, and run a command with the cache environment and compile policy set (the files "
         "download while it starts; its first compile waits for them)",
-        usage="warmup exec SPEC (--server URL | --from s3://bucket/prefix) --dest DIR [options] -- CMD ...",
+        usage="warmup exec SPEC [--server URL | --from s3://bucket/prefix] --dest DIR [options] -- CMD ...",
+        description="Without --server or --from, DIR is a directory `warmup warm` filled (in the image, on a "
+        "volume): the command trains over it as it is, once this machine's toolchain is found equal to the one "
+        "it was warmed under.",
     )
     add_spec_arguments(exec_)
     add_pull_options(exec_)
