@@ -404,7 +404,7 @@ def resolve_toolchain(
     """`current_toolchain`, from memory when what it is made of has not changed, and how it was found.
 
     Computing a toolchain imports torch, hashes torch's sources and builds Inductor's ISA probes with
-    g++ (3-10 s); a pod pulls before every training start. In order:
+    g++, seconds a pod would pay before every training start. In order:
     - `remembered`: the memo in `directory` (the cache dir an earlier pull filled), when the facts it
       was computed under are all unchanged;
     - `exact`: the image's memo (`image_memo_path`), computed with this install on a machine like this

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from warmup import client
 from warmup._sitecustomize import DIRECTORY
 from warmup.cli import build_parser
+from warmup.client import service as client_service
 
 SERVER_PACKAGES = (
     "fastapi",
@@ -43,7 +43,7 @@ def imported_after(code: str, *, absent: tuple[str, ...] = ()) -> list[str]:
 def test_the_pod_side_runs_without_any_server_package():
     """A training image has the base install only: the client side imports and builds its CLI there."""
     modules = imported_after(
-        "import warmup.spec, warmup.toolchain, warmup.client, warmup.callback, warmup.manifest\n"
+        "import warmup.spec, warmup.toolchain, warmup.client.pulling, warmup.callback, warmup.manifest\n"
         "from warmup.cli import build_parser; build_parser('pull').parse_args(['pull', 'x.yaml', '--dest', 'd'])",
         absent=NOT_IN_THE_BASE_INSTALL,
     )
@@ -55,7 +55,7 @@ def test_the_client_side_imports_no_server_package_even_when_installed():
     # warmup.callback is left out: transformers imports accelerate, which imports boto3 when it is
     # installed (for SageMaker); that is theirs, and the test above shows the callback needs none.
     modules = imported_after(
-        "import warmup.spec, warmup.toolchain, warmup.client, warmup.manifest, warmup.cli.pod"
+        "import warmup.spec, warmup.toolchain, warmup.client.pulling, warmup.manifest, warmup.cli.pod"
     )
     assert sorted({m.split(".")[0] for m in modules} & set(NOT_IN_THE_BASE_INSTALL)) == []
     assert "torch" not in modules and "transformers" not in modules  # `warmup pull` starts fast
@@ -162,18 +162,18 @@ def test_the_client_waits_as_long_as_a_503_retry_after_says(monkeypatch):
     """During a database restart the API answers 503 with Retry-After: the client waits that long
     (not its own shorter backoff), then gets through."""
 
-    def answer(status: int, body: bytes, **headers: str) -> client.Answer:
+    def answer(status: int, body: bytes, **headers: str) -> client_service.Answer:
         message = Message()
         for name, value in headers.items():
             message[name.replace("_", "-")] = value
-        return client.Answer(status, message, body)
+        return client_service.Answer(status, message, body)
 
     busy = answer(503, b'{"error": "database_unavailable"}', Retry_After="5")
     answers = iter([busy, busy, answer(200, b'{"status": "ok"}')])
     waits: list[float] = []
-    monkeypatch.setattr(client.service.time, "sleep", waits.append)
-    monkeypatch.setattr(client.service, "fetch_answer", lambda *_: next(answers))
-    service = client.ServiceClient("http://warmup")
+    monkeypatch.setattr(client_service.time, "sleep", waits.append)
+    monkeypatch.setattr(client_service, "fetch_answer", lambda *_: next(answers))
+    service = client_service.ServiceClient("http://warmup")
     assert service.request("GET", "/v1/jobs") == {"status": "ok"}
     assert waits == [5.0, 10.0]  # Retry-After, then doubled backoff from there
 

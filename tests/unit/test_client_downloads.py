@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.factories import cpu_toolchain
-from warmup.client import INDEX_NAME, HttpBlobSource, ServiceClient, StoreBlobSource, install
+from warmup.client.installing import install
+from warmup.client.local import INDEX_NAME
+from warmup.client.service import ServiceClient
+from warmup.client.sources import HttpBlobSource, StoreBlobSource
 from warmup.errors import BlobIntegrityError, ServerError, StoreError
 from warmup.manifest import Manifest, ManifestFile
 from warmup.store import LocalBlobStore
@@ -213,7 +216,7 @@ def test_install_from_a_store_streams_and_verifies(tmp_path):
 
 
 def test_a_store_without_this_toolchains_manifest_names_the_closest_difference(tmp_path):
-    from warmup.client import bucket_manifest
+    from warmup.client.pulling import bucket_manifest
     from warmup.db.manifests import publish_manifest
     from warmup.errors import NotWarmedError, ToolchainMismatchError
 

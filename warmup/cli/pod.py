@@ -199,7 +199,7 @@ def _prepare_with_probes(
 
 def _prepare(ns: argparse.Namespace, spec: Any, progress: Progress | None) -> Any:
     """The first half of a pull: this pod's toolchain and the manifest (warmup.client.prepare_pull)."""
-    from warmup.client import PullOptions, prepare_pull
+    from warmup.client.pulling import PullOptions, prepare_pull
 
     options = PullOptions(
         wait=ns.wait,
@@ -259,7 +259,7 @@ class _IsaProbes:
     VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
     def __init__(self, spec: Any, dest: str) -> None:
-        from warmup.client import LOCAL_MANIFESTS_DIR
+        from warmup.client.local import LOCAL_MANIFESTS_DIR
 
         self.target = Path(dest).expanduser().resolve()
         self.wanted = (spec.target.backend, spec.target.device) == ("inductor", "cpu")
@@ -531,7 +531,8 @@ def _pull_beside_the_command(ns: argparse.Namespace, spec: Any) -> dict[str, str
 def _installed_instead(ns: argparse.Namespace, spec: Any, error: ServerUnreachableError) -> Any:
     """When the service cannot be reached, train on what an earlier pull installed in DEST (the
     initContainer's), provided it was pulled for this toolchain and every file is still intact."""
-    from warmup.client import install, read_local_manifest
+    from warmup.client.installing import install
+    from warmup.client.local import read_local_manifest
     from warmup.toolchain import remembered_toolchain
 
     manifest = read_local_manifest(ns.dest, spec.key())
@@ -567,7 +568,7 @@ class _Unreachable:
 
 
 def cmd_coverage(ns: argparse.Namespace) -> int:
-    from warmup.client import ServiceClient, signature_label
+    from warmup.client.service import ServiceClient, signature_label
 
     if not ns.server:
         raise WarmupError("give the service URL: --server URL (or WARMUP_SERVER)")
