@@ -192,13 +192,13 @@ def defer_precompiled_headers(codecache: Any = None) -> None:
     """In a training process: Inductor builds its precompiled C++ header only for a kernel it must build.
 
     The first time a process loads a C++ kernel, built or not, Inductor precompiles the kernels' common
-    header (`cpp_prefix.h`: a g++ run of seconds, about 155 MB) into `<temp dir>/torchinductor_<user>/
-    precompiled_headers`, under a key of the install folders and of the preprocessed header
-    (`CppCodeCache.load_async` calls `_precompile_header` before it looks for the kernel's library). A pod
-    whose kernels all come from the cache builds one it never uses: always in a fresh container, and
-    wherever the temp dir, the user or the install differ from the last run. Deferred, a kernel that must
-    still be built includes the header as plain text instead (the same code, compiled without the head
-    start); no key changes. Idempotent; imports `torch._inductor.codecache` unless it is given."""
+    header (`cpp_prefix.h`: a g++ build of all of torch's kernel headers) into
+    `<temp dir>/torchinductor_<user>/precompiled_headers`, under a key of the install folders and of the
+    preprocessed header (`CppCodeCache.load_async` calls `_precompile_header` before it looks for the
+    kernel's library). A pod whose kernels all come from the cache builds one it never uses: always in a
+    fresh container, and wherever the temp dir, the user or the install differ from the last run. Deferred,
+    a kernel that must still be built includes the header as plain text instead (the same code, compiled
+    without the head start); no key changes. Idempotent; imports `torch._inductor.codecache` unless given."""
     module = codecache if codecache is not None else _codecache()
     if getattr(module._precompile_header, _MARK, False):
         return
