@@ -138,6 +138,26 @@ def test_the_sitecustomize_raises_the_limits_and_runs_the_images_own(tmp_path):
     assert Path(DIRECTORY / "sitecustomize.py").is_file()
 
 
+@pytest.mark.process
+def test_the_sitecustomize_puts_the_canonical_kernel_layout_into_inductor_when_exec_asks():
+    """WARMUP_KERNEL_LAYOUT (set by exec for an Inductor cache): every process keys its kernels by the content of
+    its installs and builds no precompiled header before a kernel needs one (warmup/layout.py)."""
+    code = (
+        "import torch._inductor.codecache as c\n"
+        "print(*(getattr(f, '_warmup_canonical_layout', False) for f in (c.write, c._precompile_header)))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(DIRECTORY), os.environ.get("PYTHONPATH", "")])}
+    for value, expected in (("1", ["True", "True"]), (None, ["False", "False"])):
+        run_env = {k: v for k, v in env.items() if k != "WARMUP_KERNEL_LAYOUT"}
+        if value is not None:
+            run_env["WARMUP_KERNEL_LAYOUT"] = value
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=run_env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == expected, done.stderr
+
+
 def test_the_client_waits_as_long_as_a_503_retry_after_says(monkeypatch):
     """During a database restart the API answers 503 with Retry-After: the client waits that long
     (not its own shorter backoff), then gets through."""
