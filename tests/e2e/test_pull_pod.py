@@ -20,7 +20,8 @@ from tests.support.jobs import run, write_spec
 from tests.support.live_server import serve
 from warmup.api.services import Services
 from warmup.backends import recompile_limits
-from warmup.client import ServiceClient, read_local_manifest
+from warmup.client.local import read_local_manifest
+from warmup.client.service import ServiceClient
 from warmup.planner import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.blob_server import FlakyServer, manifest_of
-from warmup.client import HttpBlobSource, install
+from warmup.client.installing import install
+from warmup.client.sources import HttpBlobSource
 from warmup.errors import StoreError
 
 

@@ -34,7 +34,7 @@ from tests.support.pods import play_worker, publish
 from tests.support.tiny_model import write_tiny_model
 from warmup.api.services import Services
 from warmup.artifacts import ArtifactFile
-from warmup.client import pull
+from warmup.client.pulling import pull
 from warmup.db import models as m
 from warmup.db.engine import make_engine
 from warmup.db.queue import TaskQueue

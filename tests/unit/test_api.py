@@ -20,7 +20,9 @@ from tests.support.live_server import serve
 from tests.support.tiny_model import write_tiny_model
 from warmup.api.app import create_app
 from warmup.api.services import Services
-from warmup.client import HttpBlobSource, ServiceClient, install
+from warmup.client.installing import install
+from warmup.client.service import ServiceClient
+from warmup.client.sources import HttpBlobSource
 from warmup.db.records import FileRef
 from warmup.db.tokens import TokenStore
 from warmup.errors import NotWarmedError, PartlyWarmedError, SpecError, ToolchainMismatchError

@@ -1,5 +1,5 @@
-"""The pod side's boundaries: what it imports, how `warmup exec` parses its command, and the
-sitecustomize that gives the command Dynamo's recompile limits."""
+"""How `warmup exec` and `warmup pull` parse their commands, and the client's answers from the service
+(what the pod side imports, and the sitecustomize, in fresh interpreters: tests/integration/test_client_cli_processes.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from email.message import Message
 
 import pytest
 
-from warmup import client
 from warmup.cli import build_parser
+from warmup.client import service as client_service
 
 
 @pytest.mark.parametrize(
@@ -66,18 +66,18 @@ def test_the_client_waits_as_long_as_a_503_retry_after_says(monkeypatch):
     """During a database restart the API answers 503 with Retry-After: the client waits that long
     (not its own shorter backoff), then gets through."""
 
-    def answer(status: int, body: bytes, **headers: str) -> client.Answer:
+    def answer(status: int, body: bytes, **headers: str) -> client_service.Answer:
         message = Message()
         for name, value in headers.items():
             message[name.replace("_", "-")] = value
-        return client.Answer(status, message, body)
+        return client_service.Answer(status, message, body)
 
     busy = answer(503, b'{"error": "database_unavailable"}', Retry_After="5")
     answers = iter([busy, busy, answer(200, b'{"status": "ok"}')])
     waits: list[float] = []
-    monkeypatch.setattr(client.service.time, "sleep", waits.append)
-    monkeypatch.setattr(client.service, "fetch_answer", lambda *_: next(answers))
-    service = client.ServiceClient("http://warmup")
+    monkeypatch.setattr(client_service.time, "sleep", waits.append)
+    monkeypatch.setattr(client_service, "fetch_answer", lambda *_: next(answers))
+    service = client_service.ServiceClient("http://warmup")
     assert service.request("GET", "/v1/jobs") == {"status": "ok"}
     assert waits == [5.0, 10.0]  # Retry-After, then doubled backoff from there
 

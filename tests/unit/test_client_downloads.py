@@ -15,7 +15,10 @@ import pytest
 
 from tests.fixtures.factories import cpu_toolchain
 from tests.support.blob_server import FlakyServer, installed, manifest_of
-from warmup.client import INDEX_NAME, HttpBlobSource, ServiceClient, StoreBlobSource, install
+from warmup.client.installing import install
+from warmup.client.local import INDEX_NAME
+from warmup.client.service import ServiceClient
+from warmup.client.sources import HttpBlobSource, StoreBlobSource
 from warmup.errors import BlobIntegrityError, ServerError, StoreError
 from warmup.manifest import ManifestFile
 from warmup.store import LocalBlobStore
@@ -131,7 +134,7 @@ def test_install_from_a_store_streams_and_verifies(tmp_path):
 
 
 def test_a_store_without_this_toolchains_manifest_names_the_closest_difference(tmp_path):
-    from warmup.client import bucket_manifest
+    from warmup.client.pulling import bucket_manifest
     from warmup.db.manifests import publish_manifest
     from warmup.errors import NotWarmedError, ToolchainMismatchError
 

@@ -93,7 +93,7 @@ def test_a_cache_pulled_for_stale_remembered_facts_is_refused_naming_the_field(
     computes the exact facts, refuses that cache naming the field, reports it, and corrects the memo."""
     from warmup.activation import activate
     from warmup.callback import WarmupCallback
-    from warmup.client import pull
+    from warmup.client.pulling import pull
     from warmup.db.manifests import publish_manifest
     from warmup.store import LocalBlobStore
     from warmup.toolchain import remember_in_image, resolve_toolchain

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from warmup.client import HttpBlobSource, install
+from warmup.client.installing import install
+from warmup.client.sources import HttpBlobSource
 from warmup.errors import UnsafeArtifactError
 from warmup.manifest import Manifest, ManifestFile, parse_manifest
 

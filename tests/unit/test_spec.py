@@ -146,8 +146,20 @@ def test_a_value_of_the_wrong_kind_that_is_not_text_names_the_field():
 
 def test_impossible_values_are_refused():
     with pytest.raises(SpecError) as error:
-        resolve_trainer_args(load_spec(spec_dict(args={"per_device_train_batch_size": 0, "max_length": -5})))
+        resolve_trainer_args(load_spec(spec_dict(args={"per_device_train_batch_size": 0, "max_length": 0})))
     assert set(problems(error.value)) == {"args.per_device_train_batch_size", "args.max_length"}
+
+
+def test_a_negative_max_length_is_sfts_slice_and_refused_elsewhere_with_the_reason():
+    """TRL truncates with `[:max_length]`: -5 drops five tokens of each example (SFT is planned so, with a
+    warning); the other trainers' truncation with it is not planned, and the refusal says null was likely meant."""
+    args = resolve_trainer_args(load_spec(spec_dict(args={"max_length": -5})))
+    assert any(
+        "max_length -5 does not turn truncation off" in note and "[:-5]" in note for note in args.notes
+    )
+    with pytest.raises(SpecError) as error:
+        resolve_trainer_args(load_spec(spec_dict(trainer="dpo", args={"max_length": -5})))
+    assert "max_length: null turns truncation off" in problems(error.value)["args.max_length"]
 
 
 def test_trl_rule_violations_are_reported_on_the_field():

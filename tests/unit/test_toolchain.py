@@ -33,30 +33,34 @@ def test_current_toolchain_on_cpu_records_isa_threads_and_versions():
     assert toolchain.cpu_isa and toolchain.num_threads == torch.get_num_threads()
     assert toolchain.trl and toolchain.transformers and toolchain.accelerate
     assert toolchain.neuronx_cc is None and toolchain.compiler_flags is None
-    # Where torch and Python are installed: on every kernel's g++ command line, so in every kernel's key.
-    torch_include = f"-I{Path(torch.__file__).parent / 'include'}"
-    assert toolchain.kernel_paths and torch_include in toolchain.kernel_paths
+    # On every kernel's g++ command line, so in every kernel's key: torch's and Python's folders, named by
+    # what they hold (warmup/layout.py), and the compiler.
+    assert toolchain.kernel_paths and any(p.startswith("-I<torch@sha256:") for p in toolchain.kernel_paths)
+    assert not any(str(Path(torch.__file__).parent) in p for p in toolchain.kernel_paths)
+    assert toolchain.cxx and toolchain.source_dirs is None
 
 
-def test_another_install_location_is_a_mismatch_that_names_only_the_paths_that_differ():
-    """Two environments of the same wheels but in other folders build every kernel again (measured with two
-    venvs: the graphs hit, each kernel's g++ command line differs): the toolchains differ, by those paths."""
-    here = _toolchain(
-        kernel_paths=("-I/usr/include/python3.11", "-I/venv/a/torch/include", "-L/venv/a/torch/lib")
+def test_installs_whose_kernel_folders_hold_other_files_differ_by_the_kernel_paths_that_differ():
+    """Two installs of the same wheels name torch's folder alike (its content), wherever they are; a torch
+    whose headers differ does not, and the difference names only the entries that differ."""
+    same = ("-I<python-include@sha256:p>", "-I<torch@sha256:t>/include", "-L<torch@sha256:t>/lib")
+    here, there = _toolchain(kernel_paths=same), _toolchain(kernel_paths=same)
+    assert here.key() == there.key()
+    other = _toolchain(
+        kernel_paths=("-I<python-include@sha256:p>", "-I<torch@sha256:u>/include", "-L<torch@sha256:u>/lib")
     )
-    there = _toolchain(
-        kernel_paths=("-I/usr/include/python3.11", "-I/venv/b/torch/include", "-L/venv/b/torch/lib")
-    )
-    assert here.key() != there.key()
-    assert here.diff(there) == {
+    assert here.diff(other) == {
         "kernel_paths": (
-            ["-I/venv/a/torch/include", "-L/venv/a/torch/lib"],
-            ["-I/venv/b/torch/include", "-L/venv/b/torch/lib"],
+            ["-I<torch@sha256:t>/include", "-L<torch@sha256:t>/lib"],
+            ["-I<torch@sha256:u>/include", "-L<torch@sha256:u>/lib"],
         )
     }
     reordered = _toolchain(kernel_paths=tuple(reversed(here.kernel_paths or ())))
     assert here.diff(reordered) == {
         "kernel_paths": (list(here.kernel_paths or ()), list(reordered.kernel_paths or ()))
+    }
+    assert here.diff(_toolchain(kernel_paths=same, cxx="g++ (Debian 14.2.0-19) 14.2.0")) == {
+        "cxx": (here.cxx, "g++ (Debian 14.2.0-19) 14.2.0")
     }
 
 

@@ -98,10 +98,9 @@ def _config_warnings(plan: PlanBuilder) -> None:
     for note in plan.args.notes:
         plan.warn(note)
     launch = plan.args.launch
-    if launch.distributed_type in ("DEEPSPEED", "FSDP"):
-        stage = f" ZeRO-{launch.zero_stage}" if launch.zero_stage else ""
+    if launch.sharded:
         plan.warn(
-            f"the launcher runs {launch.distributed_type}{stage} ({launch.source or 'accelerate launch flags'}): the "
+            f"the job runs {launch.describe()}: the "
             "shapes per process are as listed, but the engine wraps and shards the model, which changes the compiled "
             "graphs; warm-up rehearses under DDP, so it cannot warm this job (warmup warm / submit refuse it)"
         )
@@ -167,7 +166,7 @@ def _world_size_notes(plan: PlanBuilder) -> None:
 
     target = plan.spec.target
     world = target.world_size
-    if world == 1:
+    if world == 1 or plan.args.launch.sharded:  # a sharded job's warning says what its world size changes
         return
     processes = rehearsal_processes(plan.spec, plan.args.config)
     why = (

@@ -387,9 +387,9 @@ def build_config(job: RunJob) -> Any:
     if parsed.problems:
         raise RehearsalError("TRL refuses the job's config: " + "; ".join(str(p) for p in parsed.problems))
     launch = parsed.launch
-    if launch.distributed_type in ("DEEPSPEED", "FSDP"):
+    if launch.sharded:
         raise RehearsalError(
-            f"the job runs under {launch.distributed_type} ({launch.source or 'accelerate launch flags'}), which wraps and "
+            f"the job runs {launch.describe()}, which wraps and "
             "shards the model and so compiles other graphs than the DDP run a rehearsal makes: it cannot be warmed faithfully"
         )
     kwargs = {**parsed.trainer, **{name: value for name, value in overrides.items() if name in known}}

@@ -3,7 +3,7 @@
 `rehearse()` starts this module as a subprocess (`python -m warmup.rehearsal.zygote JOB`), so the
 caller (a worker with its heartbeat thread and database connections, or the CLI) never forks
 itself. Here, after the heavy imports, each run happens in a forked child: it starts with torch,
-transformers and TRL already imported (saving their 5-10 s import) and with nothing compiled. A
+transformers and TRL already imported (their import is paid once) and with nothing compiled. A
 multi-process job's run goes under `torchrun` instead (fork cannot start ranks).
 
 Train units are grouped into one run when there are several: one train() whose step k produces

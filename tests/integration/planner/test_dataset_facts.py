@@ -169,7 +169,8 @@ def test_sft_packed_rows_are_trls(bpe_model, tmp_path, args):
     trainer = trl_trainer(bpe_model, "sft", args, path, tmp_path)
     truth = sorted(len(ids) for ids in trainer.train_dataset["input_ids"])
     assert sorted(facts.train.packed_lengths) == truth
-    assert facts.data.num_train_examples == len(truth)
+    assert facts.data.num_train_rows == len(truth)  # the packed rows batches are made of
+    assert facts.data.num_train_examples == 1500  # the dataset's examples, as users mean the count
 
 
 @pytest.mark.parametrize("kind", ["preference", "chat_preference", "implicit_preference"])

@@ -214,8 +214,33 @@ def test_wrapped_packing_ends_on_a_partial_packed_batch_the_plan_lists(tiny_mode
     assert (
         seen <= unknown and ("train", 1, 16, None) in unknown
     )  # a remainder of 1..16 tokens would be 16 wide
-    packed_facts = {"num_train_examples": 5, "length_histogram": {32: 4, 17: 1}}
+    packed_facts = {"num_train_examples": 5, "num_train_rows": 5, "length_histogram": {32: 4, 17: 1}}
     assert sft_plan(tiny_model_dir, args, packed_facts) == seen
+
+
+def test_with_packing_the_example_count_is_not_taken_for_the_packed_row_count(tiny_model_dir, tmp_path):
+    """Thirty examples of 37 tokens pack into 1110 / 128 = 9 rows (8 full, a remainder of 86): batches of 2, 2,
+    2, 2 and a last one of 1 row. `num_train_examples: 30` is the dataset's count, as users and TRL's docs mean it;
+    read as the packed row count (30, even) it planned train 2x128 alone and missed the 1x128 the run made. The
+    row count unknown, every last-batch size is listed; with the packed row count `warmup facts` writes
+    (num_train_rows), exactly the one the run has."""
+    args = {
+        "per_device_train_batch_size": 2,
+        "max_length": 128,
+        "pad_to_multiple_of": 128,
+        "packing": True,
+        "packing_strategy": "wrapped",
+        "train_sampling_strategy": "sequential",
+    }
+    seen = run_sft(tiny_model_dir, tmp_path, args, [37] * 30)
+    assert seen == {("train", 2, 128, None), ("train", 1, 128, None)}
+    examples = {"num_train_examples": 30, "min_tokens": 37, "max_tokens": 37}
+    assert sft_plan(tiny_model_dir, args, examples) == seen
+    assert sft_plan(tiny_model_dir, args, {**examples, "num_train_rows": 9}) == seen
+    # a batch size with no partial batch at that row count lists the full batch alone
+    assert sft_plan(
+        tiny_model_dir, {**args, "per_device_train_batch_size": 3}, {**examples, "num_train_rows": 9}
+    ) == {("train", 3, 128, None)}
 
 
 def test_padding_free_without_packing_is_covered(tiny_model_dir, tmp_path):
