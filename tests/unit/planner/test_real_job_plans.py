@@ -52,15 +52,15 @@ def test_wrapped_packing_without_a_row_count_lists_every_last_batch(model):
 
 
 def test_wrapped_packing_with_the_packed_row_count_lists_the_one_last_batch(model):
-    # warmup facts counts packed rows when packing: 10 rows of batches of 4 end on 2
-    plan = make("sft", model(), WRAPPED, {"num_train_examples": 10, "min_tokens": 5, "max_tokens": 30})
+    # warmup facts counts packed rows (num_train_rows) when packing: 10 rows of batches of 4 end on 2
+    plan = make("sft", model(), WRAPPED, {"num_train_rows": 10, "min_tokens": 5, "max_tokens": 30})
     assert shapes(plan) == {("train", 4, 64), ("train", 2, 64)}
     assert not any("last batch" in note for note in plan.notes)
 
 
 def test_wrapped_packing_with_a_histogram_lists_batches_of_remainder_rows(model):
     # 9 packed rows: 7 full, two remainders (two map batches) of 20 and 40 tokens; last batch 9 % 4 = 1
-    facts = {"num_train_examples": 9, "length_histogram": {64: 7, 20: 1, 40: 1}}
+    facts = {"num_train_rows": 9, "length_histogram": {64: 7, 20: 1, 40: 1}}
     plan = make("sft", model(), WRAPPED, facts)
     assert shapes(plan) == {("train", 4, 64), ("train", 1, 64), ("train", 1, 32), ("train", 1, 48)}
 
