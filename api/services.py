@@ -251,7 +251,7 @@ class Services:
 def _freeze_startup_heap() -> None:
     """Once per process, with TRL and torch imported: their hundreds of thousands of long-lived objects
     leave the garbage collector's sight, so its full collections stop rescanning them. A request that
-    makes many objects (a cold manifest of 383 files: 2,300 ORM rows) paid for those collections: 0.39 s
-    before, 0.14-0.16 s after."""
+    makes many objects (a cold manifest of hundreds of files: thousands of ORM rows) paid for those
+    collections (benchmarks/bench_manifests.py measures manifests)."""
     gc.collect()
     gc.freeze()

@@ -27,7 +27,7 @@ from warmup.db.records import JobState, job_state
 from warmup.db.repository import signature_rows, signature_state
 from warmup.toolchain import Toolchain
 
-# Compile times range from seconds (Inductor) to a minute (a Neuron graph) to ~12 minutes (a new
+# Compile times range from seconds (Inductor) to a minute (a Neuron graph) to many minutes (a new
 # GRPO static-cache size on Trainium).
 DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
 CHUNK = 500

@@ -1,4 +1,4 @@
-"""Planning speed: a spec is planned in well under 50 ms once its model config is read.
+"""Planning speed: target: a spec planned in under 50 ms once its model config is read.
 
 Plans a Neuron SFT spec with eval and a GRPO-style spec many times after one warm-up call (the
 first call builds TRL's config class and reads config.json), and prints the median and p99 per

@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 BUCKET, PREFIX = "bench", "warmup"
 PULL_CHILD = """
 import json, sys
-from warmup.client import pull
+from warmup.client.pulling import pull
 spec, dest, where, toolchain, parallel = sys.argv[1:]
 how = {"source": where} if where.startswith("s3://") else {"server": where}
 r = pull(spec, dest, toolchain=json.load(open(toolchain)), parallel=int(parallel), **how)

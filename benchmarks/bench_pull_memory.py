@@ -40,14 +40,15 @@ BUDGET_MB = 200
 BUCKET = "bench"
 FROM_BUCKET = """
 import json, sys
-from warmup.client import pull
+from warmup.client.pulling import pull
 spec, dest, source, toolchain = sys.argv[1:]
 r = pull(spec, dest, source=source, toolchain=json.load(open(toolchain)))
 print(json.dumps({"bytes": r.bytes_downloaded, "seconds": r.seconds}))
 """
 PRESIGNED = """
 import json, sys
-from warmup.client import HttpBlobSource, install
+from warmup.client.installing import install
+from warmup.client.sources import HttpBlobSource
 from warmup.manifest import parse_manifest
 manifest, dest = sys.argv[1:]
 r = install(parse_manifest(json.load(open(manifest))), dest, HttpBlobSource(None))

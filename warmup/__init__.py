@@ -1,20 +1,91 @@
 """trl-warmup: pre-warm compile caches for TRL training jobs.
 
-`import warmup` stays light: `warmup.activate` (and `Activation`) load on first use.
+The names below are the package's public surface: import them from `warmup` (`from warmup import
+WarmupCallback, pull`); the modules they live in are internals that may move. Each is imported on first
+use, so `import warmup` in a training pod imports nothing heavy (no torch, no TRL, no server package).
+`__version__` is the project's one version (pyproject.toml reads it from here).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Activation", "activate"]
+# name -> (module, attribute): where each public name is defined.
+_EXPORTS: dict[str, tuple[str, str]] = {
+    # the training process
+    "activate": ("warmup.activation", "activate"),
+    "Activation": ("warmup.activation", "Activation"),
+    "WarmupCallback": ("warmup.callback", "WarmupCallback"),
+    # the pod's client
+    "pull": ("warmup.client.pulling", "pull"),
+    "PullResult": ("warmup.client.installing", "PullResult"),
+    # specs, plans and toolchains
+    "load_spec": ("warmup.spec", "load_spec"),
+    "Spec": ("warmup.spec", "Spec"),
+    "Target": ("warmup.spec", "Target"),
+    "DataFacts": ("warmup.spec", "DataFacts"),
+    "plan": ("warmup.planner", "plan_spec"),
+    "Plan": ("warmup.signature", "Plan"),
+    "Signature": ("warmup.signature", "Signature"),
+    "Toolchain": ("warmup.toolchain", "Toolchain"),
+    "dataset_facts": ("warmup.facts", "dataset_facts"),
+    "DatasetFacts": ("warmup.facts", "DatasetFacts"),
+    # the errors a user catches (every one is a WarmupError)
+    "WarmupError": ("warmup.errors", "WarmupError"),
+    "SpecError": ("warmup.errors", "SpecError"),
+    "ToolchainMismatchError": ("warmup.errors", "ToolchainMismatchError"),
+    "NotWarmedError": ("warmup.errors", "NotWarmedError"),
+    "PartlyWarmedError": ("warmup.errors", "PartlyWarmedError"),
+    "WarmupFailedError": ("warmup.errors", "WarmupFailedError"),
+    "UnwarmedCompileError": ("warmup.errors", "UnwarmedCompileError"),
+    "BackgroundPullError": ("warmup.errors", "BackgroundPullError"),
+    "ServerError": ("warmup.errors", "ServerError"),
+    "ServerUnreachableError": ("warmup.errors", "ServerUnreachableError"),
+}
+
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:  # what a type checker and an editor see (`X as X`: a re-export)
+    from warmup.activation import Activation as Activation
+    from warmup.activation import activate as activate
+    from warmup.callback import WarmupCallback as WarmupCallback
+    from warmup.client.installing import PullResult as PullResult
+    from warmup.client.pulling import pull as pull
+    from warmup.errors import BackgroundPullError as BackgroundPullError
+    from warmup.errors import NotWarmedError as NotWarmedError
+    from warmup.errors import PartlyWarmedError as PartlyWarmedError
+    from warmup.errors import ServerError as ServerError
+    from warmup.errors import ServerUnreachableError as ServerUnreachableError
+    from warmup.errors import SpecError as SpecError
+    from warmup.errors import ToolchainMismatchError as ToolchainMismatchError
+    from warmup.errors import UnwarmedCompileError as UnwarmedCompileError
+    from warmup.errors import WarmupError as WarmupError
+    from warmup.errors import WarmupFailedError as WarmupFailedError
+    from warmup.facts import DatasetFacts as DatasetFacts
+    from warmup.facts import dataset_facts as dataset_facts
+    from warmup.planner import plan_spec
+    from warmup.signature import Plan as Plan
+    from warmup.signature import Signature as Signature
+    from warmup.spec import DataFacts as DataFacts
+    from warmup.spec import Spec as Spec
+    from warmup.spec import Target as Target
+    from warmup.spec import load_spec as load_spec
+    from warmup.toolchain import Toolchain as Toolchain
+
+    plan = plan_spec
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("activate", "Activation"):
-        from warmup import activation as module
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'warmup' has no attribute {name!r}")
+    module, attribute = _EXPORTS[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # the next access is a plain lookup
+    return value
 
-        return getattr(module, name)
-    raise AttributeError(f"module 'warmup' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warmup import layout
 from warmup.artifacts import MANIFEST_NAME
 from warmup.backends import Backend, CompileCounter, FreshCompiles, get_backend, recompile_limits
 from warmup.errors import NotWarmedError, SpecError, ToolchainMismatchError
@@ -78,6 +79,8 @@ def activate(
     size = plan_size if plan_size is not None else planned_size(spec)
     counter = backend.counter(cache)
     env = backend.configure_process(cache, size)
+    if env.get(layout.ENV_VAR) == "1":  # a training process: its kernels come from the cache
+        layout.defer_precompiled_headers()
     if spec.args.get("use_vllm") and spec.args.get("vllm_mode", "colocate") == "colocate":
         # vLLM's own compile cache, where a colocate rehearsal put it (unverified: see docs/compile-caches.md)
         env = {**env, "VLLM_CACHE_ROOT": str(cache / "vllm")}

@@ -486,7 +486,7 @@ class WarmupCallback(TrainerCallback):
     def _toolchain(self) -> dict[str, Any]:
         """The toolchain the cache was pulled for (the pod's, as `warmup pull` computed it); else this
         process's own."""
-        from warmup.client import read_local_manifest
+        from warmup.client.local import read_local_manifest
 
         manifest = read_local_manifest(self.cache_dir, self.spec.key())
         if manifest is not None:
@@ -531,7 +531,7 @@ class WarmupCallback(TrainerCallback):
             log.warning("%s; no server to report to (set WARMUP_SERVER)", summary)
             return None
         try:
-            from warmup.client import ServiceClient
+            from warmup.client.service import ServiceClient
 
             with ServiceClient(self.server, token=self.token, timeout=self.timeout_s, attempts=2) as client:
                 self.last_response = client.post_coverage(body)

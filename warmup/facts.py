@@ -11,7 +11,7 @@ Exactness: the calls are TRL's own (`apply_chat_template` / the tokenizer's `__c
 arguments each trainer passes, TRL's `is_conversational`, `extract_prompt`, `maybe_convert_to_chatml`,
 `common_prefix_length`, and its packing functions), batched instead of one example at a time; the
 rules between them (EOS appended to plain text, the prompt / completion split, which examples a trainer
-drops) follow each trainer's `_prepare_dataset`. `tests/planner/test_dataset_facts.py` holds the
+drops) follow each trainer's `_prepare_dataset`. `tests/integration/planner/test_dataset_facts.py` holds the
 lengths to the ones TRL's trainers produce on the same data.
 
 Speed and memory: the dataset is streamed in Arrow batches (a few MB in memory at a time); batches
@@ -37,6 +37,7 @@ from typing import Any
 
 from warmup.errors import DatasetError, SpecError
 from warmup.spec import DataFacts, Spec
+from warmup.trl_args import truncation_slice
 
 # Rows per batch: large enough for the tokenizer's batch path, small enough to bound memory.
 BATCH_ROWS = 1000
@@ -728,10 +729,7 @@ class _Rows:
         recipe = self.recipe
         if recipe.max_length is None or self._packing:
             return False
-        if recipe.truncation_mode == "keep_end":
-            window = range(max(0, length - recipe.max_length), length)
-        else:
-            window = range(0, min(length, recipe.max_length))
+        window = range(length)[truncation_slice(recipe.max_length, recipe.truncation_mode)]
         return not any(i >= masked_prefix and (assistant is None or assistant[i]) for i in window)
 
     _packing = False  # set per split by _read_split
@@ -1033,6 +1031,10 @@ def _summarize(
         "num_train_examples": _count(train, recipe) or None,
         "num_eval_examples": _count(evaluation, recipe) if evaluation is not None else None,
     }
+    if train.packed_lengths is not None:
+        facts["num_train_rows"] = len(train.packed_lengths) or None
+    if evaluation is not None and evaluation.packed_lengths is not None:
+        facts["num_eval_rows"] = len(evaluation.packed_lengths)
     if prompts:
         facts["max_prompt_tokens"] = max(prompts) or None
         facts["min_prompt_tokens"] = min(prompts) or None
@@ -1052,11 +1054,10 @@ def _summarize(
 
 
 def _count(split: SplitFacts | None, recipe: _Recipe) -> int:
-    """Examples as the planner counts them: packed rows when packing, pairs for DPO / Reward, kept examples."""
+    """Examples as the planner counts them: pairs for DPO / Reward, unpaired examples for KTO, kept examples
+    (packed rows are counted apart: num_*_rows)."""
     if split is None:
         return 0
-    if split.packed_lengths is not None:
-        return len(split.packed_lengths)
     return split.kept if recipe.trainer != "kto" else len(split.lengths)
 
 

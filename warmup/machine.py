@@ -129,6 +129,22 @@ def compiler_identity() -> str:
     return f"{real}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
+def compiler_version() -> str | None:
+    """The first line of `--version` of the C++ compiler Inductor would run (CXX, else g++), or None when
+    there is none: which compiler built a kernel (its runtime libraries must be there to load it)."""
+    import subprocess
+
+    name = os.environ.get("CXX") or "g++"
+    try:
+        done = subprocess.run(
+            [name, "--version"], capture_output=True, text=True, timeout=30, env={**os.environ, "LC_ALL": "C"}
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return lines[0].strip() if done.returncode == 0 and lines else None
+
+
 # Inductor's x86 compiler flags -> the names the kernel reports the same features under.
 _KERNEL_NAMES = {"avx512vnni": "avx512_vnni"}
 

@@ -129,8 +129,18 @@ class Target(_StrictModel):
 class DataFacts(_StrictModel):
     """What is known about the dataset, in tokens as the trainer sees them (after templating)."""
 
-    num_train_examples: PositiveInt | None = Field(None, description="Examples in the train split.")
+    num_train_examples: PositiveInt | None = Field(
+        None, description="Examples in the train split (the dataset's count, packing or not)."
+    )
     num_eval_examples: NonNegativeInt | None = Field(None, description="Examples in the eval split.")
+    num_train_rows: PositiveInt | None = Field(
+        None,
+        description="SFT with packing: the packed rows TRL makes of the train split (what batches are made of; "
+        "`warmup facts` counts them). Unknown: every size the last batch can have is listed.",
+    )
+    num_eval_rows: NonNegativeInt | None = Field(
+        None, description="SFT with packing: the packed rows of the eval split."
+    )
     max_tokens: PositiveInt | None = Field(
         None, description="Longest example (prompt + completion, incl. special tokens)."
     )
@@ -198,6 +208,12 @@ class Spec(_StrictModel):
     )
     data: DataFacts = Field(default_factory=DataFacts)
     target: Target = Field(default_factory=Target)
+    files: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The files the job's launch names (its accelerate config file, a DeepSpeed or FSDP JSON), read "
+        "where the config was read: the path as the config writes it -> the file's parsed content. Whoever plans or "
+        "warms the spec reads these, not its own disk; `warmup` fills them when it reads a config.",
+    )
 
     @field_validator("trainer", mode="before")
     @classmethod
@@ -206,7 +222,7 @@ class Spec(_StrictModel):
             return value.lower()
         raise ValueError(unknown_trainer_message(value))
 
-    @field_validator("args", "peft")
+    @field_validator("args", "peft", "files")
     @classmethod
     def _plain_config(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
         if value is not None:
@@ -223,7 +239,10 @@ class Spec(_StrictModel):
 
     def canonical_json(self) -> str:
         """A stable JSON form: the same spec always gives the same bytes."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        dumped = self.model_dump(mode="json")
+        if not dumped["files"]:
+            del dumped["files"]  # a spec without launch files keeps the key it had before they were carried
+        return json.dumps(dumped, sort_keys=True, separators=(",", ":"))
 
     def key(self) -> str:
         """sha256 of the canonical JSON; the same spec submitted twice has the same key."""
@@ -300,7 +319,18 @@ def parse_spec(
                 "`warmup facts --dataset PATH SPEC` and send them as `data`",
                 loc=key,
             )
-    if is_trl_cli_config(data):
+    named_trainer = trainer or data.get("trainer") or side.get("trainer")
+    # keys a spec does not have, other than misspellings of its own (`tagret`)
+    flat_keys = {
+        key
+        for key in set(data) - set(Spec.model_fields) - set(JOB_KEYS)
+        if not difflib.get_close_matches(str(key), list(Spec.model_fields), n=1, cutoff=0.8)
+    }
+    if is_trl_cli_config(data) or (
+        named_trainer and "args" not in data and ("model" not in data or flat_keys)
+    ):
+        # A trl config (a spec nests the trainer's fields in `args`), read as `trl <trainer>` reads it even when it
+        # lacks model_name_or_path: the errors are TRL's, not the spec format's.
         trainer = trainer or data.pop("trainer", None) or side.get("trainer")
         data = from_trl_cli_config(data, trainer=trainer, side=side)
     else:
@@ -310,6 +340,19 @@ def parse_spec(
             data["trainer"] = trainer
     if target is not None:
         data = {**data, "target": {**(data.get("target") or {}), **target}}
+    if isinstance(data.get("args"), dict):
+        given_files = data.get("files")
+        data = {
+            **data,
+            "files": launch_files(data["args"], given_files if isinstance(given_files, dict) else {}),
+        }
+    processes = (
+        launched_processes(data["args"], data.get("files") or {})
+        if isinstance(data.get("args"), dict)
+        else None
+    )
+    if processes is not None:
+        data = {**data, "target": {**(data.get("target") or {}), "_processes": processes}}
     _check_world_size(data)
     raw_trainer = data.get("trainer")
     if raw_trainer is None:
@@ -370,8 +413,7 @@ def from_trl_cli_config(
     `model_init_kwargs` and its LoRA fields `peft` (as `main()` of each script does), the dataset selection
     is left out (its facts go in `data`), and everything else stays in `args` as given: the trainer
     config's fields, the script's own arguments, `env` and the keys `trl` hands to `accelerate launch`.
-    `warmup.trl_config` checks `args` with TRL's parser when the job is planned. The launcher's process
-    count (`num_processes`, or the `accelerate_config` file's) becomes the target's world size.
+    `warmup.trl_config` checks `args` with TRL's parser when the job is planned.
     """
     side = dict(side or {})
     flat = dict(data)
@@ -385,6 +427,8 @@ def from_trl_cli_config(
         raise UnknownTrainerError(unknown_trainer_message(trainer), loc="trainer")
     trainer = trainer.lower()
     fields = trl_script_fields(trainer)
+    if "model_name_or_path" not in flat:
+        raise SpecError(_no_model(flat, trainer))
     spec: dict[str, Any] = {"trainer": trainer, "model": flat.pop("model_name_or_path")}
     for key in ("teacher_model", "data", "target"):
         value = flat.pop(key, None)
@@ -413,36 +457,147 @@ def from_trl_cli_config(
         }
     for key in fields.dataset:
         flat.pop(key, None)
-    processes = flat.pop("num_processes", None)
-    if processes is None:
-        processes = _accelerate_config_processes(flat.get("accelerate_config"))
-    if processes is not None:
-        spec.setdefault("target", {})
-        spec["target"] = {**spec["target"], "_processes": processes}
     if init_kwargs:
         flat["model_init_kwargs"] = init_kwargs
     spec["args"] = flat
     return spec
 
 
-def _accelerate_config_processes(name: Any) -> int | None:
-    """The process count an `accelerate_config` (a file, or one of TRL's presets) launches; None if unknown here."""
-    if not isinstance(name, str):
-        return None
-    path = Path(name).expanduser()
-    if not path.is_file():
-        preset = trl_cli_fields()["accelerate_presets"].get(name)
-        return preset if isinstance(preset, int) else None
-    try:
-        config = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return None
+# Other tools' names for the model a trl config must name model_name_or_path.
+MODEL_KEY_ALIASES = {
+    "model": "the spec format's (and some scripts') name for the model",
+    "model_id": "optimum-neuron's training scripts' name for the model",
+    "model_name": "another script's name for the model",
+    "model_path": "another script's name for the model",
+}
+
+
+def _no_model(flat: dict[str, Any], trainer: str) -> list[FieldProblem]:
+    """What `trl <trainer>` makes of a config without model_name_or_path: TRL's ModelConfig leaves it None and
+    the script has no model to load; every key no dataclass of the script reads and accelerate's launch parser does
+    not take is refused by the launcher (the fields the planner's own reading refuses besides are told once the
+    config names its model)."""
+    problems = [
+        FieldProblem(
+            "model_name_or_path",
+            f"required: `trl` reads the model to train from model_name_or_path (TRL's ModelConfig); without it "
+            f"`trl {trainer}` starts with no model to load",
+        )
+    ]
+    fields = trl_cli_fields()
+    known = {*fields["model"], *fields["training_arguments"], *fields["scripts"][trainer]["trainer"], "env"}
+    known |= trl_script_fields(trainer).script | {"accelerate_config"}
+    for key in flat:
+        if key in known or accelerate_launch_option(key):
+            continue
+        whose = MODEL_KEY_ALIASES.get(key)
+        fix = (
+            f"{whose}: `trl` reads model_name_or_path, rename it"
+            if whose
+            else "drop it (or see its fix once the config names its model)"
+        )
+        problems.append(FieldProblem(f"args.{key}", f"{trl_refuses(key, trainer)}; {fix}"))
+    return problems
+
+
+def trl_refuses(name: str, trainer: str) -> str:
+    """`trl <trainer>` hands a key no dataclass of its script reads to `accelerate launch`, which refuses it."""
+    return f"unknown field (`trl {trainer}` refuses it: accelerate launch: unrecognized arguments: --{name})"
+
+
+def accelerate_launch_option(name: str) -> bool:
+    """Whether `accelerate launch` takes `--name`: one of its options, or (argparse's abbreviations) the start of
+    exactly one (the options shipped in trl_cli_fields.json, taken from accelerate's own launch parser)."""
+    options = trl_cli_fields()["accelerate_launch"]
+    if name in options:
+        return True
+    # an option's `_` and `-` spellings are one action
+    return len({option.replace("-", "_") for option in options if option.startswith(name)}) == 1
+
+
+# accelerate's DistributedTypes whose launcher starts num_processes processes (accelerate launch_command); the others
+# (NO, MULTI_CPU) run the simple launcher: one process, several only under mpirun (mpirun_config.mpirun_hostfile).
+MULTI_PROCESS_TYPES = ("DEEPSPEED", "FSDP", "MEGATRON_LM", "XLA")
+
+
+def launched_processes(args: dict[str, Any], files: dict[str, Any]) -> int | None:
+    """How many processes `accelerate launch` starts for a trl config's launch keys, by accelerate's rule: the
+    config file (`config_file`, else `accelerate_config`: a file or one of TRL's presets) picks the launcher and its
+    count, an explicit `num_processes` wins over the file's. None when the launch names no count (accelerate counts
+    the training machine's GPUs). `files`: the launch files' content (`launch_files`). `warmup.trl_launch` reads the
+    whole launch with accelerate itself; a test holds the two equal."""
+    count = _count(args.get("num_processes"))
+    if "config_file" in args:  # `trl` puts accelerate_config's file first: a config_file key wins
+        config = files.get(str(args["config_file"]))
+    elif "accelerate_config" in args:
+        name = str(args["accelerate_config"])
+        config = files[name] if name in files else trl_cli_fields()["accelerate_presets"].get(name)
+    else:
+        return count
     if not isinstance(config, dict):
+        return None  # accelerate (or TRL) refuses it; warmup.trl_config says so with their words
+    distributed = str(config.get("distributed_type", "NO")).upper()
+    multi = distributed in MULTI_PROCESS_TYPES or (
+        distributed.startswith("MULTI_") and distributed != "MULTI_CPU"
+    )
+    if not multi and not (config.get("mpirun_config") or {}).get("mpirun_hostfile"):
+        return 1
+    return count if count is not None else _count(config.get("num_processes"))
+
+
+def launch_files(args: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
+    """The files a trl config's launch names, read as the launch reads them (relative paths from the working
+    directory), so that they travel with the spec: the accelerate config file (`config_file`, or `accelerate_config`
+    when it names a file), the DeepSpeed JSON it or the `deepspeed_config_file` key names, the trainer's `deepspeed`
+    and `fsdp_config` when they are paths. `files` already carried are kept. A named file that is nowhere is refused,
+    naming it (an `accelerate_config` that is no file is TRL's preset name, or TRL's refusal)."""
+    found = dict(files)
+
+    def read(path: Any, loc: str, what: str) -> Any:
+        if not isinstance(path, str):
+            return None
+        if path not in found:
+            if not Path(path).is_file():
+                raise SpecError(missing_launch_file(path, what), loc=loc)
+            try:
+                found[path] = yaml.safe_load(Path(path).read_text())  # YAML reads the JSON ones too
+            except (OSError, yaml.YAMLError) as error:
+                raise SpecError(f"cannot read {path}: {error}", loc=loc) from None
+        return found[path]
+
+    accelerate_file: Any = None
+    if "config_file" in args:
+        accelerate_file = read(args["config_file"], "args.config_file", "`accelerate launch`")
+    elif isinstance(args.get("accelerate_config"), str) and (
+        args["accelerate_config"] in found or Path(args["accelerate_config"]).is_file()
+    ):
+        accelerate_file = read(args["accelerate_config"], "args.accelerate_config", "`trl`")
+    section = accelerate_file.get("deepspeed_config") if isinstance(accelerate_file, dict) else None
+    if "deepspeed_config_file" in args:  # an explicit key wins over the file's
+        read(args["deepspeed_config_file"], "args.deepspeed_config_file", "the training process")
+    elif isinstance(section, dict) and section.get("deepspeed_config_file"):
+        loc = "args.config_file" if "config_file" in args else "args.accelerate_config"
+        read(section["deepspeed_config_file"], loc, "the training process")
+    for key in ("deepspeed", "fsdp_config"):  # TrainingArguments: a path or an inline dict
+        read(args.get(key), f"args.{key}", "the training process")
+    return found
+
+
+def missing_launch_file(path: Any, what: str) -> str:
+    """The refusal of a file the launch names that is not there (relative paths: accelerate's working directory)."""
+    return (
+        f"no such file: {path} ({what} reads it from the working directory, {Path.cwd()}; a spec sent elsewhere "
+        "carries the files its launch names in `files`, as warmup's commands fill it)"
+    )
+
+
+def _count(value: Any) -> int | None:
+    """accelerate's int() of `--num_processes str(value)`; None for what it refuses (warmup.trl_config says why)."""
+    try:
+        count = int(str(value))
+    except ValueError:
         return None
-    if str(config.get("distributed_type", "NO")).upper() == "NO":
-        return 1  # accelerate launches one process whatever num_processes says
-    processes = config.get("num_processes")
-    return processes if isinstance(processes, int) and processes > 0 else None
+    return count if count > 0 and not isinstance(value, bool | float) else None
 
 
 def _check_world_size(data: dict[str, Any]) -> None:
@@ -455,8 +610,8 @@ def _check_world_size(data: dict[str, Any]) -> None:
     given = target.get("world_size")
     if given is not None and given != processes:
         raise SpecError(
-            f"the target says {given} training processes but the config launches {processes} (num_processes or "
-            "its accelerate_config): make them equal, or drop world_size and let the config decide",
+            f"the target says {given} training processes but the config launches {processes} (num_processes, or "
+            "its accelerate config file's): make them equal, or drop world_size and let the config decide",
             loc="target.world_size",
         )
     target["world_size"] = processes

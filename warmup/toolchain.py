@@ -12,7 +12,9 @@ What goes in, and why (docs/compile-caches.md, sections 2-4):
 - Python version: not in Inductor's key, but in Dynamo's precompile checks and in pickled entries;
 - triton, CUDA version and GPU name on CUDA;
 - on CPU, the vector ISA Inductor picks and the thread count: the ISA is NOT in Inductor's key, and a
-  cache built for AVX-512 silently gives wrong numbers under AVX2;
+  cache built for AVX-512 silently gives wrong numbers under AVX2; the compiler that built the kernels;
+  and the folders on the kernels' command line, named by content where warmup/layout.py can (another
+  install of the same wheels has the same toolchain);
 - on Neuron, torch-neuronx and neuronx-cc versions (the NEFF key leaves them out), the instance
   family (trn1 / trn2 / trn3), the logical NeuronCore config (LNC) and the canonical NEURON_CC_FLAGS;
 - environment variables that change compiled code (TORCHINDUCTOR_*, TORCH_COMPILE_*, ...), but not
@@ -139,10 +141,20 @@ class Toolchain(BaseModel):
     )
     kernel_paths: tuple[str, ...] | None = Field(
         None,
-        description="CPU: the -I / -L directories of Inductor's C++ kernel command line (torch's and Python's "
-        "install locations), which is in every kernel's key: under another location every kernel is built again.",
+        description="CPU: the -I / -L directories of Inductor's C++ kernel command line, which is in every "
+        "kernel's key, as the canonical kernel layout names them: torch's and Python's folders by the digest of "
+        "their content (`<torch@sha256:...>/include`), any other folder by its path (warmup/layout.py).",
+    )
+    cxx: str | None = Field(
+        None, description="CPU: the C++ compiler Inductor builds kernels with (`--version`'s first line)."
     )
     cuda: str | None = Field(None, description="CUDA: torch.version.cuda.")
+    source_dirs: tuple[str, ...] | None = Field(
+        None,
+        description="Neuron: the folders torch, transformers and the other packages whose code runs in a "
+        "compiled graph are installed in: TorchNeuron's NEFF key hashes the graph's IR with each operation's "
+        "source location (file and line), so a NEFF cache serves only these folders (source-read, unverified).",
+    )
     neuron_lnc: int | None = Field(None, description="Neuron: logical NeuronCore config (1 or 2).")
     compiler_flags: str | None = Field(None, description="Neuron: NEURON_CC_FLAGS, tokenised and sorted.")
     env: dict[str, str] = Field(default_factory=dict, description="Compile-relevant environment variables.")
@@ -299,11 +311,14 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
         "env": compile_env(),
     }
     if device == "cpu":
+        from warmup import layout, machine
+
         facts.update(
             device_kind="cpu",
             cpu_isa=isa,
             num_threads=training_threads(world_size),
-            kernel_paths=kernel_build_paths(),
+            kernel_paths=layout.command_line_paths(),
+            cxx=machine.compiler_version(),
         )
     elif device == "cuda":
         if not torch.cuda.is_available():
@@ -315,11 +330,14 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
             device_kind=torch.cuda.get_device_name(torch.cuda.current_device()), cuda=torch.version.cuda
         )
     else:
+        from warmup import layout
+
         target = _neuron_target()
         facts.update(
             device_kind=target,
             neuron_lnc=neuron_lnc(target),
             compiler_flags=canonical_neuron_cc_flags(os.environ.get("NEURON_CC_FLAGS")),
+            source_dirs=layout.source_folders(),
         )
     return Toolchain(**facts)
 
@@ -328,7 +346,9 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
 TOOLCHAIN_MEMO = ".warmup-toolchain.json"
 # The image's memo: the exact toolchains computed with this install, by the facts they depend on.
 IMAGE_MEMO_ENV = "WARMUP_TOOLCHAIN_MEMO"
-IMAGE_MEMO_FORMAT = 2  # 2: toolchains carry kernel_paths, and an install's facts its location
+# 2: toolchains carry kernel_paths, and an install's facts its location; 3: kernel_paths name content, and
+# toolchains carry the compiler (an install's facts its identity)
+IMAGE_MEMO_FORMAT = 3
 # The fields of a toolchain fixed by the installed software; the others describe the machine.
 BUILD_FIELDS = (
     "backend",
@@ -344,6 +364,8 @@ BUILD_FIELDS = (
     "neuronx_cc",
     "cuda",
     "kernel_paths",
+    "cxx",
+    "source_dirs",
     "env",
 )
 ToolchainSource = Literal["remembered", "exact", "predicted", "computed"]
@@ -382,7 +404,7 @@ def resolve_toolchain(
     """`current_toolchain`, from memory when what it is made of has not changed, and how it was found.
 
     Computing a toolchain imports torch, hashes torch's sources and builds Inductor's ISA probes with
-    g++ (3-10 s); a pod pulls before every training start. In order:
+    g++, seconds a pod would pay before every training start. In order:
     - `remembered`: the memo in `directory` (the cache dir an earlier pull filled), when the facts it
       was computed under are all unchanged;
     - `exact`: the image's memo (`image_memo_path`), computed with this install on a machine like this
@@ -472,8 +494,10 @@ def cheap_facts(backend: str, device: str, world_size: int) -> tuple[dict[str, A
         "python": [os.path.realpath(sys.executable), platform.python_version()],
         "packages": {name: package_version(name) for name in packages},
         "torch_build": machine.torch_record_sha256() or _torch_sources_stat(),
-        # Two environments of the same wheel differ only here, and Inductor's kernel keys name it.
+        # Where this install is: what the memo remembers is this install's (kernel_paths are not the same
+        # elsewhere when a folder cannot be named by its content).
         "torch_dir": str(machine.torch_package_dir()),
+        "compiler": machine.compiler_identity() if device == "cpu" else None,
         "env": compile_env(),
     }
     machine_facts = {
@@ -485,7 +509,6 @@ def cheap_facts(backend: str, device: str, world_size: int) -> tuple[dict[str, A
         "threads": {
             name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LOCAL_RANK")
         },
-        "compiler": machine.compiler_identity() if device == "cpu" else None,
         "gpus": [machine.gpu_models(), machine.nvidia_driver(), os.environ.get("CUDA_VISIBLE_DEVICES")],
     }
     return build, machine_facts
@@ -677,27 +700,6 @@ def training_threads(world_size: int) -> int:
         return int(os.environ.get("OMP_NUM_THREADS") or 1)
     threads: int = torch.get_num_threads()
     return threads
-
-
-def kernel_build_paths() -> tuple[str, ...]:
-    """The include and library directories on Inductor's C++ kernel command line here. Inductor hashes
-    that command line with each kernel's source into the kernel's key (`CppCodeCache.load_async`,
-    `get_hashable_command_line`), so a cache built where torch or Python is installed elsewhere loads its
-    graphs and then builds every kernel again with g++ (seen with two venvs of the same wheels)."""
-    import shlex
-
-    from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    options = CppTorchDeviceOptions(vec_isa=pick_vec_isa(), device_type="cpu")
-    tokens = shlex.split(CppBuilder(name="o", sources="i", BuildOption=options).get_command_line())
-    paths = []
-    for index, token in enumerate(tokens):
-        if token in ("-I", "-L") and index + 1 < len(tokens):
-            paths.append(token + tokens[index + 1])
-        elif token.startswith(("-I", "-L")) and len(token) > 2:
-            paths.append(token)
-    return tuple(paths)
 
 
 def cpu_vec_isa() -> str:

@@ -28,7 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 from warmup.errors import FieldProblem, MissingDependencyError, SpecError
 from warmup.peft_args import peft_problems
 from warmup.spec import Spec
-from warmup.trl_config import Launch
+from warmup.trl_launch import Launch, with_trainer_fsdp
 
 CONFIG_CLASS_NAMES = {
     "sft": "SFTConfig",
@@ -55,6 +55,10 @@ POSITIVE_INT_FIELDS = (
     "precompute_ref_batch_size",
     "eval_steps",
 )
+
+# Fields transformers' __post_init__ rewrites into another type (`fsdp: "full_shard offload"` becomes True, its
+# options moved into fsdp_config): their types are checked as given.
+REWRITTEN_BY_TRANSFORMERS = ("fsdp", "fsdp_config")
 
 
 # TRL's package is a lazy module: its first attribute reads import submodules, and two threads doing that
@@ -151,7 +155,7 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
     trl = read_trl_args(spec, cls)
     given = dict(trl.trainer)
     problems = list(trl.problems)
-    problems += _impossible_values(given)
+    problems += _impossible_values(given, spec.trainer)
     problems += [
         FieldProblem(f"args.{name}", hint)
         for name, value in given.items()
@@ -162,6 +166,10 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         raise SpecError(problems)
 
     kwargs = {**given, **{k: v for k, v in MACHINE_CHECKED.items() if k in fields}}
+    if isinstance(given.get("fsdp_config"), str) and isinstance(spec.files.get(given["fsdp_config"]), dict):
+        kwargs["fsdp_config"] = dict(
+            spec.files[given["fsdp_config"]]
+        )  # the JSON as read where the config was
     kwargs.setdefault("output_dir", "warmup-plan")
     # "auto" resolves per target, exactly as TRL does on the device the job runs on.
     kwargs["pad_to_multiple_of"] = resolve_pad_to_multiple_of(given.get("pad_to_multiple_of", "auto"), spec)
@@ -192,7 +200,13 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         config.per_device_eval_batch_size = eval_batch
     # Types are checked on what TRL made of the values (`loss_type: sigmoid` is a one-item list by now).
     problems = _mistyped(
-        {name: getattr(config, name) for name in given if name not in MACHINE_CHECKED}, cls, given
+        {
+            name: given[name] if name in REWRITTEN_BY_TRANSFORMERS else getattr(config, name)
+            for name in given
+            if name not in MACHINE_CHECKED
+        },
+        cls,
+        given,
     )
     if problems:
         raise SpecError(problems)
@@ -225,6 +239,11 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
             )
         compile_mode = compile_mode or trl.launch.dynamo_mode
     notes = list(trl.warnings) + _deprecations(caught, given)
+    max_length = getattr(config, "max_length", None)
+    if isinstance(max_length, int) and max_length < 0:
+        notes.append(negative_max_length_note(max_length, getattr(config, "truncation_mode", "keep_start")))
+    # transformers maps `fsdp` / `fsdp_config` onto accelerate's FSDP plugin arguments as it builds the config
+    launch = with_trainer_fsdp(trl.launch, getattr(config, "fsdp_plugin_args", None))
     return TrainerArgs(
         config=config,
         given=given,
@@ -232,7 +251,7 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         fp16=autocast == "fp16",
         compile_backend=compile_backend,
         compile_mode=compile_mode,
-        launch=trl.launch,
+        launch=launch,
         script=trl.script,
         notes=tuple(notes),
     )
@@ -328,13 +347,47 @@ def _annotations(cls: type) -> dict[str, Any]:
         return {}
 
 
-def _impossible_values(given: dict[str, Any]) -> list[FieldProblem]:
+def truncation_slice(max_length: int, truncation_mode: str) -> slice:
+    """The slice TRL truncates a row with (SFTTrainer._prepare_dataset, DPO's collator): a negative max_length
+    is a Python slice end too (`max_length: -1` drops each row's last token under keep_start, its first under
+    keep_end), not "no truncation"."""
+    return slice(None, max_length) if truncation_mode != "keep_end" else slice(-max_length, None)
+
+
+def truncated_length(length: int, max_length: int | None, truncation_mode: str = "keep_start") -> int:
+    """A row's length after TRL's truncation."""
+    if max_length is None:
+        return length
+    return len(range(length)[truncation_slice(max_length, truncation_mode)])
+
+
+def _impossible_values(given: dict[str, Any], trainer: str) -> list[FieldProblem]:
     problems = []
     for name in POSITIVE_INT_FIELDS:
         value = given.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            problems.append(FieldProblem(f"args.{name}", f"must be at least 1, got {value}"))
+        if not isinstance(value, int) or isinstance(value, bool) or value >= 1:
+            continue
+        if name == "max_length" and value < 0 and trainer == "sft":
+            continue  # TRL slices with it: planned as it runs, with a warning (negative_max_length_note)
+        problem = f"must be at least 1, got {value}"
+        if name == "max_length" and value < 0:
+            problem += (
+                f" (TRL slices rows with [:{value}]: the {trainer} trainer's truncation with a negative max_length "
+                "is not planned here, only SFT's); max_length: null turns truncation off, which a negative value "
+                "likely meant"
+            )
+        problems.append(FieldProblem(f"args.{name}", problem))
     return problems
+
+
+def negative_max_length_note(max_length: int, truncation_mode: str) -> str:
+    dropped = "last" if truncation_mode != "keep_end" else "first"
+    how = f"[:{max_length}]" if truncation_mode != "keep_end" else f"[{-max_length}:]"
+    return (
+        f"max_length {max_length} does not turn truncation off: TRL slices every example with {how}, dropping its "
+        f"{dropped} {-max_length} token(s) (planned so); max_length: null is what turns it off, and is likely what "
+        "was meant"
+    )
 
 
 def _type_name(annotation: Any) -> str:

@@ -27,13 +27,12 @@ import importlib
 import json
 import threading
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from warmup.errors import FieldProblem, MissingDependencyError
-from warmup.spec import Spec
+from warmup.spec import Spec, trl_refuses
+from warmup.trl_launch import Launch as Launch  # re-exported: the interface's first home
+from warmup.trl_launch import LaunchProblem, placed_files, read_launch
 
 # Fixes no deprecation message states (the field is still there, or left without a word).
 HAND_HINTS: dict[str, str] = {
@@ -84,43 +83,6 @@ MACHINE_CHECKED = {
     "deepspeed": None,
     "report_to": "none",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """What `accelerate launch` is told, as far as the compiled graphs care."""
-
-    processes: int | None = None  # --num_processes (all machines together), else the accelerate config's
-    machines: int | None = None  # num_machines as given or the file's; None when neither says (1)
-    distributed_type: str = "NO"  # NO, MULTI_GPU, DEEPSPEED, FSDP, ...
-    mixed_precision: str | None = None
-    dynamo_backend: str | None = None  # compile every prepared module, even with torch_compile off
-    dynamo_mode: str | None = None
-    dynamo_dynamic: bool | None = None
-    zero_stage: int | None = None
-    # The device the optimizer state / the parameters (ZeRO-3) are offloaded to: "cpu", "nvme"; None: not offloaded.
-    offload_optimizer: str | None = None
-    offload_param: str | None = None
-    fsdp_version: int | None = None  # 1 (FullyShardedDataParallel) or 2 (fully_shard)
-    # accelerate's fsdp_config keys without the `fsdp_` prefix (activation_checkpointing, offload_params, ...).
-    fsdp: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
-    sequence_parallel: int = 1  # context / sequence parallel size: sequences are split across processes
-    source: str | None = None  # the accelerate config file
-
-    @property
-    def sharded(self) -> bool:
-        """DeepSpeed or FSDP wrap and shard the model (graphs differ from a DDP run's)."""
-        return self.distributed_type in ("DEEPSPEED", "FSDP")
-
-    def describe(self) -> str:
-        """The mode in words, e.g. "DeepSpeed ZeRO-3 from accelerate_config zero3"."""
-        if self.distributed_type == "DEEPSPEED":
-            mode = "DeepSpeed" + (f" ZeRO-{self.zero_stage}" if self.zero_stage is not None else "")
-        elif self.distributed_type == "FSDP":
-            mode = f"FSDP{self.fsdp_version or ''}"
-        else:
-            mode = self.distributed_type
-        return f"{mode} from {self.source or 'accelerate launch flags'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +182,22 @@ def _read(spec: Spec, config_class: type) -> TrlArgs:
             )
         else:
             script[name] = value
-    launch = _read_launcher(spec, leftover, problems)
+    launch = _read_launcher(spec, leftover, trainer, problems)
+    if launch.processes is not None and launch.processes != spec.target.world_size:
+        # spec.py counts the processes without accelerate (warmup.spec.launched_processes); they must agree
+        problems.append(
+            FieldProblem(
+                "target.world_size",
+                f"the target says {spec.target.world_size} training processes but the config launches "
+                f"{launch.describe()}: make them equal, or drop world_size and let the config decide",
+            )
+        )
+    given_count = leftover.get("num_processes")
+    if launch.processes == 1 and isinstance(given_count, int) and given_count > 1:
+        warnings.append(
+            f"num_processes {given_count} is not what runs: the accelerate config's distributed_type is "
+            f"{launch.distributed_type}, for which accelerate launches one process ({launch.source})"
+        )
     if env:
         warnings += _env_warnings(env)
     return TrlArgs(
@@ -228,19 +205,22 @@ def _read(spec: Spec, config_class: type) -> TrlArgs:
     )
 
 
-def _read_launcher(spec: Spec, leftover: dict[str, Any], problems: list[FieldProblem]) -> Launch:
-    """The keys the script's parser does not know go to `accelerate launch`, which must know them."""
+def _read_launcher(
+    spec: Spec, leftover: dict[str, Any], trainer: dict[str, Any], problems: list[FieldProblem]
+) -> Launch:
+    """The keys the script's parser does not know go to `accelerate launch`, which must know them; then the launch
+    line `trl` builds is read as accelerate reads it (warmup/trl_launch.py)."""
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
 
     parser = _launch_parser()
     parser.error = _raise  # type: ignore[method-assign,assignment]  # an answer, not an exit
-    defaults = vars(parser.parse_known_args(["SCRIPT"])[0])
-    flags: dict[str, Any] = {}  # only what the config sets: accelerate's defaults must not pass for choices
+    keys: dict[str, str] = {}  # accelerate's dest -> the config key that set it
     unknown = 0
     for name, value in leftover.items():
         if name == "accelerate_config":
             continue
-        if not _launcher_option(parser, name):
+        action = _launcher_action(parser, name)
+        if action is None:
             unknown += 1
             # The fix costs a fuzzy search: full answers for the first keys, not for thousands of junk keys.
             problems.append(FieldProblem(f"args.{name}", refusal(name, spec.trainer, detailed=unknown <= 20)))
@@ -251,79 +231,52 @@ def _read_launcher(spec: Spec, leftover: dict[str, Any], problems: list[FieldPro
             problems.append(FieldProblem(f"args.{name}", f"`accelerate launch` refuses it: {error}"))
             continue
         if extras or ns.training_script != "SCRIPT":  # a flag that takes no value swallows the script's place
-            problems.append(
-                FieldProblem(f"args.{name}", f"`accelerate launch` takes --{name} without a value")
-            )
+            problems.append(FieldProblem(f"args.{name}", _valueless(name)))
             continue
-        flags.update({k: v for k, v in vars(ns).items() if v != defaults.get(k)})
-    config_file = None
-    named = str(leftover.get("accelerate_config"))
-    if "accelerate_config" in leftover:
-        try:
-            config_file = resolve_accelerate_config_argument(["--accelerate_config", named])[1]
-        except ValueError as error:
-            problems.append(FieldProblem("args.accelerate_config", f"TRL refuses it: {error}"))
+        keys[action.dest] = f"args.{name}"
+    named = leftover.get("accelerate_config")
+    if named is not None:
+        keys.setdefault("config_file", "args.accelerate_config")  # a config_file key comes later and wins
     if problems:
         return Launch()
-    return _launch_facts(flags, config_file, named if config_file else None)
+    with placed_files(leftover, spec.files) as (placed, labels):
+        # The line `trl` hands to accelerate: every key as `--key str(value)`, in the file's order.
+        argv = [item for name, value in placed.items() for item in (f"--{name}", str(value))]
+        try:
+            argv = resolve_accelerate_config_argument(argv)
+        except ValueError as error:
+            problems.append(FieldProblem("args.accelerate_config", f"TRL refuses it: {error}"))
+            return Launch()
+        if named is not None and argv[:1] == ["--config_file"] and argv[1] not in labels:
+            # TRL put the preset accelerate_config names first: named by its name, not its path in site-packages
+            labels = {**labels, argv[1]: f"accelerate_config {named}"}
+        try:
+            return read_launch(argv, keys, labels, trainer.get("deepspeed"), parser, spec.files)
+        except LaunchProblem as error:
+            problems.append(error.problem)
+            return Launch()
 
 
-def _launcher_option(parser: argparse.ArgumentParser, name: str) -> bool:
-    """Whether accelerate's launch parser takes `--name`: an option of its own, or (argparse's abbreviations)
-    the start of exactly one."""
+def _valueless(name: str) -> str:
+    """A flag of accelerate's that takes no value: `trl` still passes the YAML value after it."""
+    return (
+        f"`trl` hands it to `accelerate launch` as `--{name} VALUE`, but accelerate's --{name} takes no value, so "
+        "VALUE takes the training script's place and the launch fails; say it in an accelerate config file "
+        "(config_file: FILE, or accelerate_config: a TRL preset) instead"
+    )
+
+
+def _launcher_action(parser: argparse.ArgumentParser, name: str) -> argparse.Action | None:
+    """The action of accelerate's launch parser `--name` reaches: an option of its own (`_` or `-`), or
+    (argparse's abbreviations) the start of exactly one."""
     flag = f"--{name}"
     options = parser._option_string_actions
     if flag in options:
-        return True
-    return parser.allow_abbrev and len({options[o] for o in options if o.startswith(flag)}) == 1
-
-
-def _launch_facts(flags: dict[str, Any], config_file: str | None, named: str | None) -> Launch:
-    """accelerate's rule: a flag given wins over the config file's value."""
-    config: dict[str, Any] = {}
-    if config_file is not None:
-        config = yaml.safe_load(Path(config_file).read_text()) or {}
-
-    def value(flag: str, key: str | None = None) -> Any:
-        given = flags.get(flag)
-        return given if given is not None else config.get(key or flag)
-
-    distributed = str(config.get("distributed_type", "NO")).upper()
-    if flags.get("use_deepspeed"):
-        distributed = "DEEPSPEED"
-    elif flags.get("use_fsdp"):
-        distributed = "FSDP"
-    dynamo = config.get("dynamo_config") or {}
-    backend = flags.get("dynamo_backend") or dynamo.get("dynamo_backend")
-    deepspeed = config.get("deepspeed_config") or {}
-    parallel = config.get("parallelism_config") or {}
-    sequence = 1
-    for key in ("parallelism_config_cp_size", "parallelism_config_sp_size"):
-        sequence *= int(flags.get(key) or parallel.get(key) or 1)
-    # The reading of the sharding keys is issue 29's (branch launch-keys); this is the least the sharded rehearsal needs.
-    fsdp = {str(k).removeprefix("fsdp_"): v for k, v in (config.get("fsdp_config") or {}).items()}
-    fsdp_version = flags.get("fsdp_version") or fsdp.pop("version", None)
-
-    def offload(key: str) -> str | None:
-        device = flags.get(key) or deepspeed.get(key)
-        return None if device in (None, "none") else str(device)
-
-    return Launch(
-        processes=value("num_processes"),
-        machines=value("num_machines"),
-        distributed_type=distributed,
-        mixed_precision=value("mixed_precision"),
-        dynamo_backend=None if str(backend or "no").lower() == "no" else str(backend).lower(),
-        dynamo_mode=flags.get("dynamo_mode") or dynamo.get("dynamo_mode"),
-        dynamo_dynamic=flags.get("dynamo_use_dynamic") or dynamo.get("dynamo_use_dynamic"),
-        zero_stage=flags.get("zero_stage") or deepspeed.get("zero_stage"),
-        offload_optimizer=offload("offload_optimizer_device") if distributed == "DEEPSPEED" else None,
-        offload_param=offload("offload_param_device") if distributed == "DEEPSPEED" else None,
-        fsdp_version=int(fsdp_version or 1) if distributed == "FSDP" else None,
-        fsdp=fsdp if distributed == "FSDP" else {},
-        sequence_parallel=sequence,
-        source=f"accelerate_config {named}" if named else None,
-    )
+        return options[flag]
+    if not parser.allow_abbrev:
+        return None
+    found = {options[o] for o in options if o.startswith(flag)}
+    return found.pop() if len(found) == 1 else None
 
 
 def _env_warnings(env: dict[str, str]) -> list[str]:
@@ -370,7 +323,7 @@ SCOPES_OF = {
 
 def refusal(name: str, trainer: str, *, detailed: bool = True) -> str:
     """`trl <trainer>` refuses an unknown key: say so in TRL's terms, then the fix."""
-    told = f"unknown field (`trl {trainer}` refuses it: accelerate launch: unrecognized arguments: --{name})"
+    told = trl_refuses(name, trainer)
     if not detailed:
         return f"{told}; drop it"
     return f"{told}; {fix_for(name, trainer)}"

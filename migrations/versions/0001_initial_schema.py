@@ -1,7 +1,7 @@
 """Initial schema: specs, toolchains, pools, signatures, blobs, entries, jobs, tasks, coverage, workers.
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-29 23:06:35.815815
 """
 

@@ -16,17 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import run, write_spec
+from tests.support.jobs import run, write_spec
 from tests.support.live_server import serve
 from warmup.api.services import Services
 from warmup.backends import recompile_limits
-from warmup.client import ServiceClient, read_local_manifest
+from warmup.client.local import read_local_manifest
+from warmup.client.service import ServiceClient
 from warmup.planner import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
 from warmup.worker.loop import Worker, WorkerOptions
-
-pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 POD_TRAIN = Path(__file__).resolve().parents[1] / "support" / "pod_train.py"
 

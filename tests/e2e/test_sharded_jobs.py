@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.helpers import TRAIN_JOB, only_empty_locks_appeared, run, write_spec
+from tests.support.jobs import TRAIN_JOB, only_empty_locks_appeared, run, write_spec
 from warmup.artifacts import list_paths
 
 pytestmark = [pytest.mark.compile, pytest.mark.process]

@@ -23,15 +23,16 @@ from tests.support.pods import HostileService, hostile_manifest, hostile_service
 from tests.support.tiny_model import write_tiny_model
 from warmup.api.services import Services
 from warmup.backends import recompile_limits
-from warmup.client import INDEX_NAME, ServiceClient, install, pull, read_local_manifest
+from warmup.client.installing import install
+from warmup.client.local import INDEX_NAME, read_local_manifest
+from warmup.client.pulling import pull
+from warmup.client.service import ServiceClient
 from warmup.errors import BlobIntegrityError, ToolchainMismatchError, UnsafeArtifactError
 from warmup.manifest import manifest_object_key
 from warmup.planner import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
 from warmup.toolchain import Toolchain, current_toolchain
-
-pytestmark = pytest.mark.process
 
 PREFIX = "warmup"
 

@@ -22,7 +22,9 @@ import pytest
 from tests.fixtures.factories import cpu_toolchain
 from tests.reliability.ledger import Row, record
 from tests.support.pods import HostileService, hostile_service
-from warmup.client import LOCAL_MANIFESTS_DIR, MAX_MANIFEST_BYTES, TEMP_DIR_NAME, pull
+from warmup.client.local import LOCAL_MANIFESTS_DIR, TEMP_DIR_NAME
+from warmup.client.pulling import pull
+from warmup.client.service import MAX_MANIFEST_BYTES
 from warmup.errors import BlobIntegrityError, UnsafeArtifactError, WarmupError
 from warmup.spec import Spec
 

@@ -34,7 +34,7 @@ from tests.support.pods import play_worker, publish
 from tests.support.tiny_model import write_tiny_model
 from warmup.api.services import Services
 from warmup.artifacts import ArtifactFile
-from warmup.client import pull
+from warmup.client.pulling import pull
 from warmup.db import models as m
 from warmup.db.engine import make_engine
 from warmup.db.queue import TaskQueue
@@ -505,7 +505,6 @@ def test_pod_pull_with_the_store_unreachable_fails_cleanly_and_installs_nothing(
     )
 
 
-@pytest.mark.process
 def test_cli_pull_from_an_unreachable_bucket_says_which_and_leaves_the_cache_dir_alone(
     warmed, services, proxy, model_dir, toolchain, tmp_path
 ):

@@ -259,7 +259,8 @@ def _counting_blob_source() -> None:
 
 
 def _run_pod(pod: int, config: dict[str, Any]) -> PodOutcome:
-    from warmup.client import ServiceClient, pull
+    from warmup.client.pulling import pull
+    from warmup.client.service import ServiceClient
 
     outcome = PodOutcome(pod=pod, dest=str(Path(config["dest_root"]) / f"pod-{pod:03d}"))
 

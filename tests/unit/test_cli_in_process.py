@@ -105,3 +105,16 @@ def test_pull_of_a_job_nobody_warmed_exits_3_and_says_what_to_do(service, model_
     assert main(["pull", str(spec), "--server", url, "--dest", str(dest)]) == 3
     assert "warmup submit" in capsys.readouterr().err
     assert not dest.exists() or not any(dest.iterdir())  # nothing installed
+
+
+def test_exec_without_a_service_or_a_bucket_wants_a_directory_warm_filled(model_dir, tmp_path, capsys):
+    spec = spec_file(tmp_path, model_dir)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["exec", str(spec), "--dest", str(empty), "--", "true"]) == 1
+    assert "or a --dest that `warmup warm` filled" in last_error_line(capsys)
+    other = tmp_path / "other"  # warmed, but for another job: nothing of it serves this one
+    other.mkdir()
+    (other / "trl-warmup.json").write_text(json.dumps({"spec_key": "0" * 64, "toolchain": {}, "entries": {}}))
+    assert main(["exec", str(spec), "--dest", str(other), "--", "true"]) == 3
+    assert "was warmed for another job" in last_error_line(capsys)

@@ -2,7 +2,7 @@
 the one the pod remembered or predicted, strict mode, and why a compile happened.
 
 The callback here is the real one, hooked on a real (tiny) torch module: what it sees is what it sees
-in a Trainer (the hooks are the same); tests/e2e/test_strict_exec.py runs it in a real TRL job.
+in a Trainer (the hooks are the same); tests/integration/test_strict_exec.py runs it in a real TRL job.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_a_cache_pulled_for_stale_remembered_facts_is_refused_naming_the_field(
     computes the exact facts, refuses that cache naming the field, reports it, and corrects the memo."""
     from warmup.activation import activate
     from warmup.callback import WarmupCallback
-    from warmup.client import pull
+    from warmup.client.pulling import pull
     from warmup.db.manifests import publish_manifest
     from warmup.store import LocalBlobStore
     from warmup.toolchain import remember_in_image, resolve_toolchain

@@ -146,8 +146,20 @@ def test_a_value_of_the_wrong_kind_that_is_not_text_names_the_field():
 
 def test_impossible_values_are_refused():
     with pytest.raises(SpecError) as error:
-        resolve_trainer_args(load_spec(spec_dict(args={"per_device_train_batch_size": 0, "max_length": -5})))
+        resolve_trainer_args(load_spec(spec_dict(args={"per_device_train_batch_size": 0, "max_length": 0})))
     assert set(problems(error.value)) == {"args.per_device_train_batch_size", "args.max_length"}
+
+
+def test_a_negative_max_length_is_sfts_slice_and_refused_elsewhere_with_the_reason():
+    """TRL truncates with `[:max_length]`: -5 drops five tokens of each example (SFT is planned so, with a
+    warning); the other trainers' truncation with it is not planned, and the refusal says null was likely meant."""
+    args = resolve_trainer_args(load_spec(spec_dict(args={"max_length": -5})))
+    assert any(
+        "max_length -5 does not turn truncation off" in note and "[:-5]" in note for note in args.notes
+    )
+    with pytest.raises(SpecError) as error:
+        resolve_trainer_args(load_spec(spec_dict(trainer="dpo", args={"max_length": -5})))
+    assert "max_length: null turns truncation off" in problems(error.value)["args.max_length"]
 
 
 def test_trl_rule_violations_are_reported_on_the_field():
@@ -255,20 +267,3 @@ def test_the_trl_cli_field_lists_are_the_installed_trls():
     assert shipped == module.build(), (
         "TRL changed: python tools/trl_cli_fields.py > warmup/data/trl_cli_fields.json"
     )
-
-
-def test_a_trl_config_is_read_without_importing_trl(tmp_path):
-    """What `warmup pull trl.yaml` does on a pod stays free of TRL, torch and transformers."""
-    import subprocess
-    import sys
-
-    config = tmp_path / "grpo.yaml"
-    config.write_text("model_name_or_path: m\naccelerate_config: zero2\nreward_funcs: [x]\ndataset_name: d\n")
-    probe = (
-        "import sys\nfrom warmup.spec import load_spec\n"
-        f"spec = load_spec({str(config)!r}, trainer='grpo')\n"
-        "print(spec.target.world_size, sorted(m for m in ('trl', 'torch', 'transformers') if m in sys.modules))"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["8", "[]"]  # zero2's 8 processes, read from the shipped preset counts

@@ -10,7 +10,10 @@ key tag, static shapes) is plain environment, set by `warmup exec` itself. Under
 (WARMUP_STRICT=1) a second hook gives every transformers Trainer a strict `WarmupCallback` when the
 script did not add one: the callback is what stops a run that meets a graph the cache does not hold.
 When `warmup exec` downloads the cache beside the command (WARMUP_PULL_OUTCOME), a third hook makes
-Dynamo's first compile wait for the download (warmup/client/background.py).
+Dynamo's first compile wait for the download (warmup/client/background.py). Under the canonical kernel
+layout (WARMUP_KERNEL_LAYOUT) a fourth puts it into Inductor as its code cache is imported (warmup/layout.py):
+kernels keyed by the content of torch's and Python's installs, as the warm-up keyed them, and no
+precompiled header built unless a kernel is.
 
 It then runs the `sitecustomize` that was next on the path, if any, so that an image's own
 customisation still runs. Standard library only, and nothing here may stop the process from starting.
@@ -82,10 +85,18 @@ def _wait_for_the_cache(module: ModuleType) -> None:
     module.callback_handler.register_start_callback(wait)
 
 
+def _canonical_kernel_layout(module: ModuleType) -> None:
+    from warmup.layout import defer_precompiled_headers, install
+
+    install(module)
+    defer_precompiled_headers(module)  # a training process: kernels come from the cache
+
+
 AFTER_IMPORT = {
     TARGET: _raise_limits,
     "transformers.trainer": _strict_trainers,
     "torch._dynamo.callback": _wait_for_the_cache,
+    "torch._inductor.codecache": _canonical_kernel_layout,
 }
 
 
@@ -136,6 +147,8 @@ if os.environ.get("WARMUP_STRICT") == "1" and "transformers.trainer" not in sys.
     _hooked.add("transformers.trainer")
 if os.environ.get("WARMUP_PULL_OUTCOME") and "torch._dynamo.callback" not in sys.modules:
     _hooked.add("torch._dynamo.callback")
+if os.environ.get("WARMUP_KERNEL_LAYOUT") == "1" and "torch._inductor.codecache" not in sys.modules:
+    _hooked.add("torch._inductor.codecache")
 if _hooked:
     sys.meta_path.insert(0, _LimitsHook(_hooked))
 _run_next_sitecustomize()

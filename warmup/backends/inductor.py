@@ -14,7 +14,10 @@ and in a training pod):
 - an all-static shape policy (accelerate's dynamo plugin `dynamic=False`), because with automatic
   dynamic shapes which graphs get compiled depends on the order shapes arrive in;
 - Dynamo's recompile limits raised to the plan's size, because past the limit (8) new shapes
-  silently run eager.
+  silently run eager;
+- the canonical kernel layout (warmup/layout.py, WARMUP_KERNEL_LAYOUT): Inductor keys each C++ kernel by
+  its compiler command line, which names the folders torch and Python are installed in; under the layout
+  they are named by their content, so a cache serves any install of the same wheels.
 
 Fresh compiles in a running process are counted from Inductor's counters (FX graph and AOTAutograd
 cache misses and bypasses) and from files appearing in the cache dir: the counters say "hit" even
@@ -28,6 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from warmup import layout
 from warmup.artifacts import MANIFEST_NAME, ArtifactFile, scan_files
 from warmup.backends.base import CacheCompileCounter, recompile_limits
 
@@ -84,6 +88,9 @@ class InductorBackend:
             "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
             # accelerate passes dynamic=False to torch.compile: one static graph per shape, in any order
             "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
+            # kernels keyed by the content of torch's and Python's installs, not their folders (exec's
+            # sitecustomize applies it in every process it starts; configure_process here)
+            layout.ENV_VAR: "1",
         }
 
     def configure_process(self, cache_dir: str | Path, plan_size: int) -> dict[str, str]:
@@ -105,6 +112,7 @@ class InductorBackend:
         torch._dynamo.config.accumulated_recompile_limit = max(
             torch._dynamo.config.accumulated_recompile_limit, accumulated
         )
+        layout.install()
         return env
 
     def is_artifact(self, relative_path: str) -> bool:

@@ -26,8 +26,8 @@ from warmup.errors import SpecError, WarmupError
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with `command`, the service's commands get their options only when it is
-    one of them: those options come from the server's settings class, whose import (pydantic-settings,
-    0.2-0.3 s) a training pod's `warmup pull` must not pay."""
+    one of them: those options come from the server's settings class, whose import (pydantic-settings)
+    a training pod's `warmup pull` must not pay."""
     parser = argparse.ArgumentParser(
         prog="warmup",
         description="Pre-warm compile caches for TRL training jobs (Trainium and torch.compile).",

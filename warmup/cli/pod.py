@@ -48,7 +48,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "exec",
         help="pull, and run a command with the cache environment and compile policy set (the files "
         "download while it starts; its first compile waits for them)",
-        usage="warmup exec SPEC (--server URL | --from s3://bucket/prefix) --dest DIR [options] -- CMD ...",
+        usage="warmup exec SPEC [--server URL | --from s3://bucket/prefix] --dest DIR [options] -- CMD ...",
+        description="Without --server or --from, DIR is a directory `warmup warm` filled (in the image, on a "
+        "volume): the command trains over it as it is, once this machine's toolchain is found equal to the one "
+        "it was warmed under.",
     )
     add_spec_arguments(exec_)
     add_pull_options(exec_)
@@ -196,7 +199,7 @@ def _prepare_with_probes(
 
 def _prepare(ns: argparse.Namespace, spec: Any, progress: Progress | None) -> Any:
     """The first half of a pull: this pod's toolchain and the manifest (warmup.client.prepare_pull)."""
-    from warmup.client import PullOptions, prepare_pull
+    from warmup.client.pulling import PullOptions, prepare_pull
 
     options = PullOptions(
         wait=ns.wait,
@@ -256,7 +259,7 @@ class _IsaProbes:
     VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
     def __init__(self, spec: Any, dest: str) -> None:
-        from warmup.client import LOCAL_MANIFESTS_DIR
+        from warmup.client.local import LOCAL_MANIFESTS_DIR
 
         self.target = Path(dest).expanduser().resolve()
         self.wanted = (spec.target.backend, spec.target.device) == ("inductor", "cpu")
@@ -441,7 +444,9 @@ def cmd_exec(ns: argparse.Namespace) -> int:
         raise WarmupError(f"cannot run {ns.argv[0]!r}: no such command (not on PATH, or not executable)")
     spec = load_spec_from_args(ns)
     try:
-        if ns.pull_first or not can_overlap():
+        if not ns.server and not ns.source:
+            env = child_environment(spec, _warmed_in_place(ns, spec))
+        elif ns.pull_first or not can_overlap():
             result = _pull(ns, spec)
             env = child_environment(spec, result, _server(ns))
         else:
@@ -458,6 +463,51 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     except OSError as error:
         raise WarmupError(f"cannot run {ns.argv[0]!r}: {error.strerror or error}") from None
     return 0  # not reached: exec replaced this process
+
+
+def _warmed_in_place(ns: argparse.Namespace, spec: Any) -> Any:
+    """No service and no bucket: DEST is a directory `warmup warm` filled (in the image, on a volume), and
+    the command trains over it as it is, once this machine's toolchain, computed exactly, is the one it was
+    warmed under (any other install of the same wheels: docs/compile-caches.md, "Install locations")."""
+    from warmup.activation import check_manifest_toolchain, read_manifest
+    from warmup.errors import NotWarmedError
+    from warmup.manifest import Manifest
+    from warmup.toolchain import Toolchain
+
+    warmed = read_manifest(ns.dest) if ns.dest else None
+    if warmed is None:
+        raise WarmupError(
+            "give the service URL (--server URL or WARMUP_SERVER), the bucket (--from s3://bucket/prefix), "
+            "or a --dest that `warmup warm` filled"
+        )
+    dest = Path(ns.dest).expanduser().resolve()
+    if warmed.get("spec_key") != spec.key():
+        raise NotWarmedError(
+            f"{dest} was warmed for another job: `warmup warm SPEC --cache-dir {dest}` warms this one"
+        )
+    probes = _IsaProbes(spec, str(dest))  # the training process's first compile must find them there
+    installed = False
+    try:
+        with probes.building():
+            check_manifest_toolchain(dest, spec)
+        installed = True
+    finally:
+        probes.settle(installed, "computed")
+    entries: dict[str, Any] = warmed.get("entries") or {}
+    warm = sorted(key for key, entry in entries.items() if entry.get("status") == "ok")
+    manifest = Manifest(
+        spec_key=spec.key(),
+        toolchain_key=Toolchain.model_validate(warmed["toolchain"]).key(),
+        toolchain=warmed["toolchain"],
+        backend=spec.target.backend,
+        device=spec.target.device,
+        plan_size=len(entries),
+        signatures=warm,
+        missing=sorted(set(entries) - set(warm)),
+        files=[],
+    )
+    print(f"exec: training over {dest}, warmed by `warmup warm` ({len(warm)} signature(s))", file=sys.stderr)
+    return argparse.Namespace(manifest=manifest, dest=dest, toolchain_source="computed")
 
 
 def _pull_beside_the_command(ns: argparse.Namespace, spec: Any) -> dict[str, str]:
@@ -481,7 +531,8 @@ def _pull_beside_the_command(ns: argparse.Namespace, spec: Any) -> dict[str, str
 def _installed_instead(ns: argparse.Namespace, spec: Any, error: ServerUnreachableError) -> Any:
     """When the service cannot be reached, train on what an earlier pull installed in DEST (the
     initContainer's), provided it was pulled for this toolchain and every file is still intact."""
-    from warmup.client import install, read_local_manifest
+    from warmup.client.installing import install
+    from warmup.client.local import read_local_manifest
     from warmup.toolchain import remembered_toolchain
 
     manifest = read_local_manifest(ns.dest, spec.key())
@@ -517,7 +568,7 @@ class _Unreachable:
 
 
 def cmd_coverage(ns: argparse.Namespace) -> int:
-    from warmup.client import ServiceClient, signature_label
+    from warmup.client.service import ServiceClient, signature_label
 
     if not ns.server:
         raise WarmupError("give the service URL: --server URL (or WARMUP_SERVER)")

@@ -87,7 +87,7 @@ def cmd_toolchain(ns: argparse.Namespace) -> int:
 
 
 def cmd_submit(ns: argparse.Namespace) -> int:
-    from warmup.client import ServiceClient
+    from warmup.client.service import ServiceClient
 
     if not ns.server:
         raise WarmupError("give the service URL: --server URL (or WARMUP_SERVER)")
@@ -119,7 +119,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
 
 def _follow(client: Any, job: dict[str, Any], timeout: float) -> int:
     """Poll the job until it is ready or failed, showing progress; exit codes for CI."""
-    from warmup.client import signature_label
+    from warmup.client.service import signature_label
 
     started = time.monotonic()
     progress = _ProgressLine(sys.stderr)

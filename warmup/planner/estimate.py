@@ -2,8 +2,8 @@
 
 Neuron: about a minute per new graph (TRL 1.16 release notes), about twelve for a new GRPO static-cache
 size (no published source found: an assumption, see docs/compile-caches.md, section 6). Inductor:
-measured on this project's CPU machines for tiny models (20-50 s a training graph); real models on
-GPUs take longer, so these are lower bounds.
+what the tiny test models' training graphs took on this project's CPU machines (docs/performance.md);
+real models on GPUs take longer, so these are lower bounds.
 Once a warm-up has run, the service replaces these with measured compile seconds.
 """
 

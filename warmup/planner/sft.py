@@ -20,6 +20,7 @@ from warmup.planner.common import (
     smallest_batch_max,
 )
 from warmup.signature import Phase, SettingValue
+from warmup.trl_args import truncated_length
 
 
 def plan_sft(plan: PlanBuilder) -> None:
@@ -32,9 +33,10 @@ def plan_sft(plan: PlanBuilder) -> None:
     }
     longest = _longest_row(plan)
     if longest is None:
+        unbounded = "is None" if args.max_length is None else f"{args.max_length} only shortens each example"
         plan.need(
             "args.max_length",
-            "sequence lengths are unbounded: max_length is None and data.max_tokens is not given; "
+            f"sequence lengths are unbounded: max_length {unbounded} and data.max_tokens is not given; "
             "set max_length, or give the data facts (--dataset PATH, or data.max_tokens)",
         )
         return
@@ -78,6 +80,15 @@ def _longest_row(plan: PlanBuilder) -> int | None:
             )
         return data_longest
     max_length: int | None = args.max_length
+    if max_length is not None and max_length < 1:
+        if args.packing:
+            raise SpecError(
+                f"packing cuts rows of max_length tokens, and TRL's pack_dataset makes none of {max_length} "
+                "(wrapped: an empty dataset; bfd: an error): set max_length to the row length to pack to",
+                loc="args.max_length",
+            )
+        # TRL's slice keeps each example but its last tokens: the rows are the data's, shortened
+        return truncated_length(data_longest, max_length, args.truncation_mode) if data_longest else None
     if args.packing or data_longest is None or max_length is None:
         return max_length
     return min(max_length, data_longest)
@@ -113,7 +124,8 @@ def _shapes(
         )
         return
     if packing:
-        _wrapped_packing(plan, phase, batch, num_examples, longest, settings, runs_on)
+        rows = plan.data.num_train_rows if phase == "train" else plan.data.num_eval_rows
+        _wrapped_packing(plan, phase, batch, rows, longest, settings, runs_on)
         return
 
     batches = []
@@ -130,7 +142,10 @@ def _shapes(
             f"evenly: give data.num_{split}_examples (or set dataloader_drop_last: true) to list it"
         )
     for rows in batches:
-        lengths = padded_lengths(min(smallest_batch_max(plan.data, rows), longest), longest, m)
+        shortest = truncated_length(
+            smallest_batch_max(plan.data, rows), args.max_length, args.truncation_mode
+        )
+        lengths = padded_lengths(max(1, min(shortest, longest)), longest, m)
         plan.add_many(phase, [rows], lengths, settings=settings, runs_on=runs_on)
 
 
@@ -146,10 +161,10 @@ def _wrapped_packing(
     """Wrapped packing: each map batch of 1000 examples becomes one token stream cut into rows of max_length,
     its last row the shorter remainder (docs/trl-shapes.md section 4).
 
-    The dataloader batches packed rows, so with packing the data facts count packed rows (`warmup facts`
-    packs the dataset as TRL does: `num_*_examples` is the packed row count, `length_histogram` the packed
-    row lengths). The last batch has `rows % B` rows; when the row count is not known, every batch size the
-    packed dataset can end on (1 .. B-1) is listed. A batch made only of remainder rows is narrower: listed
+    The dataloader batches packed rows, not examples: `data.num_*_rows` counts them (`warmup facts` packs the
+    dataset as TRL does and writes them, and `length_histogram` as the packed row lengths); `num_*_examples`
+    stays the dataset's example count, which does not tell the rows. The last batch has `rows % B` rows; when
+    the row count is not known, every batch size the packed dataset can end on (1 .. B-1) is listed. A batch made only of remainder rows is narrower: listed
     from the histogram's short rows, or, without one, for a one-row batch at every width a remainder can have.
     """
     args = plan.args
@@ -169,7 +184,7 @@ def _wrapped_packing(
         sizes += list(range(1, batch))
         plan.note(
             f"wrapped packing: the packed {split} row count is not in the data facts, so every size its last batch "
-            f"can have (1 to {batch - 1} rows) is listed; give data.num_{split}_examples (packed rows: warmup "
+            f"can have (1 to {batch - 1} rows) is listed; give data.num_{split}_rows (the packed rows: warmup "
             "facts counts them) to list only the one it has, or set dataloader_drop_last: true"
         )
     # the facts' histogram describes the train split

@@ -399,6 +399,11 @@ def build_config(job: RunJob) -> Any:
     if launch.distributed_type == "FSDP" and spec.target.device == "cpu":
         shard_on_cpu()  # accelerate sets up FSDP only on an accelerator: take that path with the CPU as the device
     kwargs = {**parsed.trainer, **{name: value for name, value in overrides.items() if name in known}}
+    for name in ("deepspeed", "fsdp_config"):
+        if isinstance(kwargs.get(name), str) and isinstance(spec.files.get(kwargs[name]), dict):
+            kwargs[name] = spec.files[
+                kwargs[name]
+            ]  # the JSON the spec carries (TrainingArguments takes the dict)
     if launch.dynamo_backend and not kwargs.get("torch_compile"):
         # The launcher's dynamo config compiles every prepared module (accelerate reads ACCELERATE_DYNAMO_* when the
         # Trainer's plugin names no backend); torchrun has no launcher, so ask the Trainer for the same plugin.

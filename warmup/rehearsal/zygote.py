@@ -3,7 +3,7 @@
 `rehearse()` starts this module as a subprocess (`python -m warmup.rehearsal.zygote JOB`), so the
 caller (a worker with its heartbeat thread and database connections, or the CLI) never forks
 itself. Here, after the heavy imports, each run happens in a forked child: it starts with torch,
-transformers and TRL already imported (saving their 5-10 s import) and with nothing compiled. A
+transformers and TRL already imported (their import is paid once) and with nothing compiled. A
 multi-process job's run goes under `torchrun` instead (fork cannot start ranks).
 
 Train units are grouped into one run when there are several: one train() whose step k produces
@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,33 +150,36 @@ def config_facts(spec: Any) -> dict[str, Any]:
     }
 
 
-def rehearsal_topology(spec: Any) -> tuple[int, Any, list[str] | None]:
-    """How many processes rehearse `spec`, the spec each of them runs (see warmup/planner/topology.py), and the
-    `accelerate launch` options that start them when the job's launcher shards the model (None: torchrun)."""
+def rehearsal_topology(spec: Any) -> tuple[int, Any, bool]:
+    """How many processes rehearse `spec`, the spec each of them runs (see warmup/planner/topology.py), and whether
+    the job's launcher shards the model (then its ranks start under that launcher: `job_launcher`)."""
     from warmup.planner.topology import rank_args, rehearsal_processes
     from warmup.trl_args import resolve_trainer_args
 
     args = resolve_trainer_args(spec)
     processes = rehearsal_processes(spec, args.config, args.launch)
     rank_spec = spec.model_copy(update={"args": rank_args(spec, args.config, processes)})
-    return processes, rank_spec, launcher_options(rank_spec) if args.launch.sharded else None
+    return processes, rank_spec, args.launch.sharded
 
 
-def launcher_options(spec: Any) -> list[str] | None:
+@contextlib.contextmanager
+def job_launcher(spec: Any) -> Iterator[list[str] | None]:
     """The options `trl <trainer> --config` hands to `accelerate launch` for `spec` (its accelerate_config as
-    --config_file, then every launcher key as `--key value`), or None when it hands none: then the sharding comes
-    from the trainer config's own fields (deepspeed, fsdp), which TRL's Trainer applies under torchrun as well."""
+    --config_file, then every launcher key as `--key value`), with the launch files the spec carries written where
+    accelerate opens them for as long as the context lasts; None when it hands none (the sharding then comes from
+    the trainer config's own fields, deepspeed / fsdp, which TRL's Trainer applies under torchrun as well)."""
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
 
     from warmup.trl_args import config_class
     from warmup.trl_config import read_trl_args
+    from warmup.trl_launch import placed_files
 
     parsed = read_trl_args(spec, config_class(spec.trainer))
     own = {*parsed.trainer, *parsed.script, "env"}
-    argv = [
-        item for name, value in spec.args.items() if name not in own for item in (f"--{name}", str(value))
-    ]
-    return resolve_accelerate_config_argument(argv) or None
+    leftover = {name: value for name, value in spec.args.items() if name not in own}
+    with placed_files(leftover, spec.files) as (placed, _):
+        argv = [item for name, value in placed.items() for item in (f"--{name}", str(value))]
+        yield resolve_accelerate_config_argument(argv) or None
 
 
 def group_runs(units: list[Any], train_rows: int, grouping: bool) -> list[list[Any]]:
@@ -192,6 +196,11 @@ def group_runs(units: list[Any], train_rows: int, grouping: bool) -> list[list[A
 
 
 def main(argv: list[str]) -> int:
+    with contextlib.ExitStack() as files:  # the launch files a sharded job's launcher opens, while runs start
+        return supervise(argv, files)
+
+
+def supervise(argv: list[str], files: contextlib.ExitStack) -> int:
     parent = os.getppid()
     job = json.loads(Path(argv[0]).read_text())
     from warmup.errors import WarmupError
@@ -223,7 +232,8 @@ def main(argv: list[str]) -> int:
         skip = set(job.get("skip") or [])
         todo = [signature for signature in signatures if signature.key() not in skip]
         plan_size = job.get("plan_size") or len(signatures)
-        processes, rank_spec, launcher = rehearsal_topology(spec)
+        processes, rank_spec, sharded = rehearsal_topology(spec)
+        launcher = files.enter_context(job_launcher(rank_spec)) if sharded else None
         fork = fork and launcher is None  # the launcher sets the ranks' environment: it starts even one
         facts = config_facts(rank_spec)
         planned = plan_units(
