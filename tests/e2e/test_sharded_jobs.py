@@ -17,13 +17,10 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.support.jobs import TRAIN_JOB, only_empty_locks_appeared, run, write_spec
 from warmup.artifacts import list_paths
-
-pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 WORLD = 3
 
