@@ -63,7 +63,7 @@ def refusal(spec: Spec, launch: Launch, use_cpu: bool) -> str | None:
             )
         if launch.fsdp_version != 2:
             return (
-                f"the job runs {mode}: TorchNeuron documents FSDP2 (fully_shard), not FullyShardedDataParallel "
+                f"the job runs {mode}, not on Neuron: TorchNeuron documents FSDP2 (fully_shard), not FullyShardedDataParallel "
                 "(FSDP1); set fsdp_version: 2 (accelerate_config: fsdp2)"
             )
         return None
@@ -171,7 +171,13 @@ def notes(spec: Spec, launch: Launch, processes: int, config: Any) -> tuple[list
 
 
 def _where(launch: Launch) -> str:
+    """The config key the launch's mode comes from (Launch.source says where it was read)."""
     source = launch.source or ""
-    if source.startswith("accelerate_config"):
-        return "args.accelerate_config"
-    return "args"
+    for prefix, key in (
+        ("accelerate_config", "accelerate_config"),
+        ("deepspeed:", "deepspeed"),
+        ("fsdp", "fsdp"),
+    ):
+        if source.startswith(prefix):
+            return f"args.{key}"
+    return "args.config_file" if source else "args"
