@@ -23,7 +23,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from importlib import resources
 from pathlib import Path
@@ -34,7 +33,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.world_size_entries import free_port, listing  # noqa: E402
+from benchmarks.world_size_entries import free_port, listing, work_and_model  # noqa: E402
+from benchmarks.world_size_entries import spec_for as world_size_spec  # noqa: E402
 
 COLLECTIVE = re.compile(r"torch\.ops\.(?:_c10d_functional|c10d|_dtensor)\.\w+")
 
@@ -57,25 +57,12 @@ def accelerate_config(work: Path, preset: str, ranks: int) -> Path:
 
 
 def spec_for(model: Path, ranks: int, config: Path, extra: dict[str, Any], shim: bool) -> dict[str, Any]:
-    args: dict[str, Any] = {
-        "per_device_train_batch_size": 2,
-        "max_length": 32,
-        "pad_to_multiple_of": 32,
-        "torch_compile": True,
-        "bf16": False,
-        "gradient_checkpointing": False,
-        "use_cpu": True,
-        **extra,
-    }
+    """world_size_entries' job (`train 2x32`), with more trainer fields, and its launch when FSDP needs the shim."""
+    spec = world_size_spec(model, ranks)
+    spec["args"].update(extra)
     if shim:  # the rehearsal reads the launch from the spec and takes FSDP's path on CPU
-        args["accelerate_config"] = str(config)
-    return {
-        "trainer": "sft",
-        "model": str(model),
-        "args": args,
-        "data": {"min_tokens": 10, "max_tokens": 32},
-        "target": {"backend": "inductor", "device": "cpu", "world_size": ranks},
-    }
+        spec["args"]["accelerate_config"] = str(config)
+    return spec
 
 
 def rank_main(job_path: Path) -> int:
@@ -178,11 +165,7 @@ def main() -> int:
     if ns.rank_job:
         return rank_main(ns.rank_job)
 
-    from tests.support.tiny_model import write_tiny_model
-
-    work = (ns.work or Path(tempfile.mkdtemp(prefix="sharded-"))).absolute()
-    work.mkdir(parents=True, exist_ok=True)
-    model = write_tiny_model(work / "model", hidden=ns.hidden)
+    work, model = work_and_model(ns.work, "sharded-", ns.hidden)
     results = []
     for item in ns.configs.split(","):
         preset, ranks = item.rsplit(":", 1)

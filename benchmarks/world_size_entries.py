@@ -109,6 +109,15 @@ def listing(cache: Path) -> dict[str, Any]:
     }
 
 
+def work_and_model(work: Path | None, prefix: str, hidden: int) -> tuple[Path, Path]:
+    """The work directory (a new one under the temp dir when not given) and the tiny model written in it."""
+    from tests.support.tiny_model import write_tiny_model
+
+    work = (work or Path(tempfile.mkdtemp(prefix=prefix))).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    return work, write_tiny_model(work / "model", hidden=hidden)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -236,11 +245,7 @@ def main() -> int:
     if ns.rank_job:
         return rank_main(ns.rank_job)
 
-    from tests.support.tiny_model import write_tiny_model
-
-    work = (ns.work or Path(tempfile.mkdtemp(prefix="world-size-"))).absolute()
-    work.mkdir(parents=True, exist_ok=True)
-    model = write_tiny_model(work / "model", hidden=ns.hidden)
+    work, model = work_and_model(ns.work, "world-size-", ns.hidden)
     configs = [tuple(int(x) for x in item.split("x")) for item in ns.configs.split(",")]
     results = []
     for ranks, threads in configs:

@@ -10,19 +10,23 @@ leave no new file, and meet the warmed shape.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 
-from tests.support.jobs import TRAIN_JOB, no_fresh_compiles, only_empty_locks_appeared, run, write_spec
+from tests.support.jobs import (
+    TRAIN_JOB,
+    free_port,
+    no_fresh_compiles,
+    only_empty_locks_appeared,
+    run,
+    warm_as_job_of,
+    write_spec,
+)
 from warmup.artifacts import list_paths
 
 
 def test_a_three_process_job_warmed_with_two_trains_with_zero_compiles(
     tiny_model_dir, user_weights_dir, tmp_path, monkeypatch
 ):
-    from warmup.rehearsal.local import warm_directory
-    from warmup.spec import load_spec
-
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what each rank of the job runs (and the toolchain says)
     spec_path = write_spec(
         tmp_path / "sft-3.yaml",
@@ -31,20 +35,15 @@ def test_a_three_process_job_warmed_with_two_trains_with_zero_compiles(
         {"per_device_train_batch_size": 2, "max_length": 32, "pad_to_multiple_of": 32},
         {"min_tokens": 10, "max_tokens": 32},
     )
-    spec_path.write_text(spec_path.read_text().replace("device: cpu", "device: cpu\n  world_size: 3"))
-    spec = load_spec(spec_path)
     cache = tmp_path / "cache"
-    report = warm_directory(spec, cache)
-    assert report.ok, [(r.signature.shape_label, r.note, r.log_tail[-3000:]) for r in report.results]
+    report = warm_as_job_of(spec_path, 3, cache)
     assert report.processes == 2
-    (result,) = report.results
-    assert result.signature.world_size == 3 and result.files
     manifest = json.loads((cache / "trl-warmup.json").read_text())
     assert manifest["toolchain"]["num_threads"] == 1
 
     before = list_paths(cache)
     out = tmp_path / "job.json"
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3", "--master-addr=127.0.0.1"]
     command += [f"--master-port={port}", TRAIN_JOB, "--spec", spec_path, "--weights", user_weights_dir]
     command += ["--cache-dir", cache, "--out", out, "--steps", 2, "--min-tokens", 10, "--split", 31]
@@ -59,9 +58,3 @@ def test_a_three_process_job_warmed_with_two_trains_with_zero_compiles(
         assert ranked["counters"]["inductor"]["fxgraph_cache_hit"] > 0
         assert ranked["counters"]["aot_autograd"]["autograd_cache_hit"] > 0
     assert only_empty_locks_appeared(cache, before) == []
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

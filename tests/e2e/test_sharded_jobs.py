@@ -12,14 +12,20 @@ the rehearsal and in the training job alike (accelerate 1.15 sets FSDP up only o
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from importlib import resources
 from pathlib import Path
 
 import yaml
 
-from tests.support.jobs import TRAIN_JOB, only_empty_locks_appeared, run, write_spec
+from tests.support.jobs import (
+    TRAIN_JOB,
+    free_port,
+    only_empty_locks_appeared,
+    run,
+    warm_as_job_of,
+    write_spec,
+)
 from warmup.artifacts import list_paths
 
 WORLD = 3
@@ -36,9 +42,6 @@ def accelerate_config(tmp_path: Path, preset: str) -> Path:
 
 def warm_then_train(preset: str, model: Path, weights: Path, tmp_path: Path, **args: object) -> list[dict]:
     """Warm the job with `warm_directory`, train it with WORLD processes; every rank's report."""
-    from warmup.rehearsal.local import warm_directory
-    from warmup.spec import load_spec
-
     config = accelerate_config(tmp_path, preset)
     spec_path = write_spec(
         tmp_path / f"sft-{preset}.yaml",
@@ -53,19 +56,13 @@ def warm_then_train(preset: str, model: Path, weights: Path, tmp_path: Path, **a
         },
         {"min_tokens": 10, "max_tokens": 32},
     )
-    spec_path.write_text(spec_path.read_text().replace("device: cpu", f"device: cpu\n  world_size: {WORLD}"))
-    spec = load_spec(spec_path)
     cache = tmp_path / "cache"
-    report = warm_directory(spec, cache)
-    assert report.ok, [(r.signature.shape_label, r.note, r.log_tail[-3000:]) for r in report.results]
-    assert report.processes == 2
-    (result,) = report.results
-    assert result.signature.world_size == WORLD and result.files
+    assert warm_as_job_of(spec_path, WORLD, cache).processes == 2
 
     before = list_paths(cache)
     out = tmp_path / "job.json"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config]
-    command += [f"--num_processes={WORLD}", f"--main_process_port={_free_port()}", TRAIN_JOB]
+    command += [f"--num_processes={WORLD}", f"--main_process_port={free_port()}", TRAIN_JOB]
     command += ["--spec", spec_path, "--weights", weights, "--cache-dir", cache, "--out", out, "--steps", 2]
     command += ["--min-tokens", 10, "--split", 31, "--max-tokens", 32]
     done = run(command, timeout=1500)
@@ -121,9 +118,3 @@ def test_a_zero3_job_warmed_with_two_processes_trains_with_three_compiling_no_ke
 def _fresh(report: dict) -> dict:
     """The fresh compiles a rank counted: what is not zero."""
     return {name: value for name, value in report["fresh_compiles"].items() if value}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

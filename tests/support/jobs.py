@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,26 @@ def write_spec(
     }
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def warm_as_job_of(spec_path: Path, world: int, cache: Path) -> Any:
+    """Warm the spec at `spec_path` as a job of `world` processes (it is rewritten so), as `warmup warm` does
+    (`warm_directory`, which rehearses with fewer); the report, its one signature warmed for that world size."""
+    from warmup.rehearsal.local import warm_directory
+    from warmup.spec import load_spec
+
+    spec_path.write_text(spec_path.read_text().replace("device: cpu", f"device: cpu\n  world_size: {world}"))
+    report = warm_directory(load_spec(spec_path), cache)
+    assert report.ok, [(r.signature.shape_label, r.note, r.log_tail[-3000:]) for r in report.results]
+    (result,) = report.results
+    assert result.signature.world_size == world and result.files
+    return report
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def signature(trainer: str, model: Path, phase: str, batch: int, seq_len: int, **kw: Any) -> Signature:
