@@ -10,7 +10,8 @@ what the compiler makes of it on the machine that builds. This prints:
    the cache sizes); and what `-march=native` changes in `g++ -Q --help=target` / `--help=params`;
 2. the flags of Inductor's kernel command line that depend on this machine (the ISA's `-D` macro and `-m`
    flags, `-march=native`);
-3. for the C++ kernels of a small model compiled for training (fp32, and a bf16 function under autocast),
+3. for the C++ kernels of a small model compiled for training (fp32), a bf16 function under autocast and
+   an int8 quantisation with a bitwise reduction and an argmax,
    each kernel compiled to an object file (`-c`) with the options of its command line, `-march=native`
    replaced by each variant below, and its machine code (`objdump -d`, addresses dropped) compared with the
    `-march=native` build:
@@ -58,12 +59,25 @@ def mixed(a, b):
     return torch.nn.functional.gelu(a.to(torch.bfloat16)) * b.to(torch.bfloat16).softmax(-1)
 with torch.autocast("cpu", dtype=torch.bfloat16):
     torch.compile(mixed, dynamic=False)(torch.randn(64, 128), torch.randn(64, 128)).float().sum()
+def quantise(a):
+    q = (a * 127).round().clamp(-128, 127).to(torch.int8)
+    return q, (q.to(torch.int32) & 0x0F).sum(-1), a.argmax(-1)
+torch.compile(quantise, dynamic=False)(torch.randn(64, 256))
 """
 
-FEWER = (
-    "avx512vbmi avx512vbmi2 avx512ifma avx512bitalg avx512vpopcntdq avx512bf16 avx512vp2intersect "
-    "gfni vaes vpclmulqdq avxvnni"
-).split()
+FEWER = [
+    "avx512vbmi",
+    "avx512vbmi2",
+    "avx512ifma",
+    "avx512bitalg",
+    "avx512vpopcntdq",
+    "avx512bf16",
+    "avx512vp2intersect",
+    "gfni",
+    "vaes",
+    "vpclmulqdq",
+    "avxvnni",
+]
 
 
 def resolved_raw(compiler: str) -> list[str]:
@@ -136,7 +150,9 @@ def mnemonics(code: list[str]) -> collections.Counter[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="native-target-"))
@@ -169,10 +185,10 @@ def main() -> int:
     resolved = raw
     variants = {
         "resolved": resolved,
-        "fewer-ext": resolved + [f"-mno-{name}" for name in FEWER],
+        "fewer-ext": [*resolved, *(f"-mno-{name}" for name in FEWER)],
         "cascadelake": ["-march=cascadelake"],
-        "tune-generic": [f for f in resolved if not f.startswith("-mtune=")] + ["-mtune=generic"],
-        "cache-sizes": resolved + ["--param", "l1-cache-size=32", "--param", "l2-cache-size=2048"],
+        "tune-generic": [*(f for f in resolved if not f.startswith("-mtune=")), "-mtune=generic"],
+        "cache-sizes": [*resolved, "--param", "l1-cache-size=32", "--param", "l2-cache-size=2048"],
     }
     index = flags.index("-march=native")
     totals: dict[str, list[int]] = {name: [0, 0] for name in variants}
@@ -182,13 +198,17 @@ def main() -> int:
         for name, replacement in variants.items():
             other_flags = flags[:index] + replacement + flags[index + 1 :]
             other = machine_code(compiler, other_flags, kernel, work / f"{number}.{name}.o")
-            differing = sum(1 for a, b in zip(native, other, strict=False) if a != b) + abs(len(native) - len(other))
+            differing = sum(1 for a, b in zip(native, other, strict=False) if a != b) + abs(
+                len(native) - len(other)
+            )
             totals[name][0] += differing
             totals[name][1] += int(native != other)
             only_native[name] += mnemonics(native) - mnemonics(other)
     total = sum(len(machine_code(compiler, flags, k, work / "count.o")) for k in kernels)
     print(f"   instructions in the -march=native builds: {total}")
-    print(f"   {'variant':<14} {'kernels differing':>18} {'instructions differing':>23}  only in -march=native")
+    print(
+        f"   {'variant':<14} {'kernels differing':>18} {'instructions differing':>23}  only in -march=native"
+    )
     for name, (instructions, differing_kernels) in totals.items():
         seen = ", ".join(f"{m} {c}" for m, c in only_native[name].most_common(8)) or "-"
         print(f"   {name:<14} {differing_kernels:>10} of {len(kernels):<5} {instructions:>23}  {seen}")

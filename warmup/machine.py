@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import os
 import platform
 import shlex
@@ -144,7 +145,11 @@ def compiler_version() -> str | None:
     there is none: which compiler built a kernel (its runtime libraries must be there to load it)."""
     try:
         done = subprocess.run(
-            [cxx(), "--version"], capture_output=True, text=True, timeout=30, env={**os.environ, "LC_ALL": "C"}
+            [cxx(), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "LC_ALL": "C"},
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -208,9 +213,7 @@ def _gcc_target(tokens: list[str]) -> tuple[str, ...]:
     for index, token in enumerate(tokens):
         if token == "--param" and index + 1 < len(tokens):
             kept.add(f"--param={tokens[index + 1]}")
-        elif token.startswith("--param="):
-            kept.add(token)
-        elif token.startswith("-m") and not token.startswith("-mno-"):
+        elif token.startswith("--param=") or (token.startswith("-m") and not token.startswith("-mno-")):
             kept.add(token)
     return tuple(sorted(kept))
 
@@ -218,7 +221,7 @@ def _gcc_target(tokens: list[str]) -> tuple[str, ...]:
 def _clang_target(tokens: list[str]) -> tuple[str, ...]:
     spelled = {"-target-cpu": "-march=", "-tune-cpu": "-mtune="}
     kept = set()
-    for option, value in zip(tokens, tokens[1:], strict=False):
+    for option, value in itertools.pairwise(tokens):
         if option in spelled:
             kept.add(spelled[option] + value)
         elif option == "-target-feature" and value.startswith("+"):
