@@ -5,7 +5,7 @@ Inductor builds every C++ kernel on CPU with `-march=native` (torch/_inductor/cp
 `_get_cpu_arch_cflags`, unless `TORCHINDUCTOR_CPP_MARCH` names a target). Its keys hold that literal flag, not
 what the compiler makes of it on the machine that builds. This prints:
 
-1. the compiler proper's options the driver resolves `-march=native` to (`g++ -march=native -### -E`), raw and
+1. the compiler proper's options the driver resolves `-march=native` to (`g++ -march=native -### -fsyntax-only`), raw and
    as the toolchain records them (`warmup.machine.native_target`: the CPU, the tuning, the extensions enabled,
    the cache sizes); and what `-march=native` changes in `g++ -Q --help=target` / `--help=params`;
 2. the flags of Inductor's kernel command line that depend on this machine (the ISA's `-D` macro and `-m`
@@ -83,7 +83,7 @@ FEWER = [
 def resolved_raw(compiler: str) -> list[str]:
     """The compiler proper's options that `-march=native` stands for here, as the driver spells them."""
     done = subprocess.run(
-        [compiler, "-march=native", "-###", "-E", "-x", "c++", os.devnull],
+        [compiler, "-march=native", "-###", "-fsyntax-only", "-x", "c++", os.devnull],
         capture_output=True,
         text=True,
         check=True,

@@ -166,8 +166,9 @@ def native_target(flags: tuple[str, ...] = NATIVE_FLAGS) -> tuple[str, ...] | No
     """What the C++ compiler (`cxx()`) generates code for here when given `flags` (`-march=native`): the
     target CPU, the tuning, every instruction-set extension it enables and the cache sizes it tunes for,
     as `target_of` normalises them. The driver resolves `native` from the CPU (cpuid on x86) and prints
-    the options it would hand its compiler proper under `-###`, which compiles nothing. None when there is
-    no such compiler or it refuses the flags."""
+    the options it would hand its compiler proper under `-###`, which runs nothing (and no `-o` or `-E`: a
+    compiler wrapper that caches or logs builds sees a query). None when there is no such compiler or it
+    refuses the flags."""
     return _native_target(cxx(), tuple(flags))
 
 
@@ -175,7 +176,7 @@ def native_target(flags: tuple[str, ...] = NATIVE_FLAGS) -> tuple[str, ...] | No
 def _native_target(compiler: str, flags: tuple[str, ...]) -> tuple[str, ...] | None:
     try:
         done = subprocess.run(
-            [compiler, *flags, "-###", "-E", "-x", "c++", os.devnull],
+            [compiler, *flags, "-###", "-fsyntax-only", "-x", "c++", os.devnull],
             capture_output=True,
             text=True,
             timeout=30,

@@ -403,7 +403,7 @@ def test_without_a_gpu_driver_a_worker_picks_cpu_without_asking_torch(monkeypatc
 
 # --- the CPU target: what -march=native builds for --------------------------------------------------------
 
-# What `g++ -march=native -### -E -x c++ /dev/null` prints for the compiler proper, gcc 12 on two CPUs of the
+# What `g++ -march=native -### -fsyntax-only -x c++ /dev/null` prints for the compiler proper, gcc 12 on two CPUs of the
 # same Inductor ISA (`avx512 avx512_vnni`): an AMD EPYC (this line as printed on the project's machine, its
 # extensions turned off shortened), and a Cascade Lake in the same form (the extensions gcc gives
 # `-march=cascadelake`, its L1 data cache and tuning).
@@ -456,7 +456,7 @@ def test_clangs_target_options_are_spelled_as_gccs():
     from warmup.machine import target_of
 
     clang = (
-        ' "/usr/lib/llvm-16/bin/clang" "-cc1" "-triple" "x86_64-pc-linux-gnu" "-E" "-target-cpu" "znver3"'
+        ' "/usr/lib/llvm-16/bin/clang" "-cc1" "-triple" "x86_64-pc-linux-gnu" "-fsyntax-only" "-target-cpu" "znver3"'
         ' "-target-feature" "+avx2" "-target-feature" "-avx512fp16" "-target-feature" "+avx512f"'
         ' "-tune-cpu" "znver3" "-x" "c++" "/dev/null"'
     )
