@@ -516,10 +516,11 @@ def cheap_facts(backend: str, device: str, world_size: int) -> tuple[dict[str, A
         "world_size": world_size,
         "arch": platform.machine(),
         # on CPU what the compiler makes of -march=native here (a few ms): another CPU target is another machine
+        # (a list, as it reads back from a memo's JSON)
         "cpu": [
             machine.cpu_model(),
             sorted(machine.cpu_flags()),
-            machine.native_target() if device == "cpu" else None,
+            list(machine.native_target() or ()) if device == "cpu" else None,
         ],
         "cores": [machine.physical_cores(), os.cpu_count()],
         "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
