@@ -15,7 +15,7 @@ default 2x1: what `warmup warm` runs for a job of 2 or more processes), and writ
 listing to WORK/results.json. `--hidden 256` makes the model larger than DDP's first gradient bucket,
 so that Dynamo's DDP optimizer splits the graph at bucket boundaries. `--train-at 3` then warms a
 job of 3 processes as `warmup warm` does (with 2) and trains it with 3 over that cache
-(`tests/e2e/train_job.py`, other weights and data), printing each rank's fresh compiles.
+(`tests/support/train_job.py`, other weights and data), printing each rank's fresh compiles.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Shared pytest configuration.
 
-Test tiers: a test's markers say what it costs (pyproject.toml): `compile` (real torch.compile or
-TRL training), `process` (servers, workers or commands in other processes), `load` (load, fuzz),
-`services` (the real PostgreSQL / S3 servers; marked here from the fixtures a test uses). Each of
-the first three also makes a test `slow`, so `pytest -m "not slow"` is the fast loop (README,
-"Contributing"); the full suite runs everything.
+Test tiers: the folder a test lives in is its tier, and its marker is derived from it here:
+`tests/unit` (in process: no server, no subprocess, no compile, no TRL training; `pytest tests/unit` is
+the fast loop), `tests/integration` (PostgreSQL and S3, the service, workers and commands as processes, real
+TRL runs without torch.compile), `tests/e2e` (real torch.compile: warm, then train) and `tests/reliability`
+(load, fuzz, fault injection). `pytest -m unit` is the same as `pytest tests/unit`.
 
 C++ builds go through a cache of this run's own (tests/support/compiler_cache.py): the proofs compile the same
 tiny model's kernels many times, each into its own fresh Inductor cache, and g++ is most of a compile's time.
@@ -16,10 +16,13 @@ on PYTHONPATH.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,8 +35,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 # OpenMP threads that wait sleep instead of spinning: the suite runs more processes than cores (its workers,
 # the processes they start, each with an OpenMP pool), and a spinning thread burns a core another process
-# needs. With three workers the full suite used a tenth less CPU and took 16:05 instead of 17:57 (README,
-# Contributing). No cache key holds it.
+# needs. No cache key holds it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The toolchains a test run computes are remembered in a memo of the run's own (not the venv's image
 # memo, which would carry them into the next run): warmup.toolchain.resolve_toolchain.
@@ -78,35 +80,36 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker more than the cores. Every worker spends part of its time waiting (on a process
-    it started, a server, a lease), and a third worker on two cores fills those waits: on one 2-core machine
-    the full suite took 16:05 with three workers and 18:00 with two (OpenMP waits passive; spinning, 17:57
-    with three, 20:16 with two and 18:31 with four; README, Contributing)."""
+    it started, a server, a lease), and the extra worker fills those waits."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return cores + 1
 
 
-SERVICE_FIXTURES = {"postgres_server", "s3_server"}
-SLOW_MARKERS = {"compile", "process", "load"}
+TESTS = Path(__file__).resolve().parent
+# The tiers, costliest first: in parallel runs the long proofs start at once and the cheap tests fill the
+# workers around them.
+TIERS = ("e2e", "reliability", "integration", "unit")
+
+
+@functools.cache
+def tier_of(path: Path) -> str:
+    """The tier of a test file: the folder under tests/ it lives in."""
+    parts = path.resolve().parts
+    folder = parts[len(TESTS.parts)] if parts[: len(TESTS.parts)] == TESTS.parts else ""
+    if folder not in TIERS:
+        raise pytest.UsageError(
+            f"{path}: a test lives in its tier's folder, one of tests/{{{','.join(TIERS)}}}"
+        )
+    return folder
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if fixtures & SERVICE_FIXTURES or "postgresql" in (params.get("db_url"), params.get("empty_db_url")):
-            item.add_marker(pytest.mark.services)
-        if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
-            item.add_marker(pytest.mark.slow)
+        item.add_marker(tier_of(item.path))
         if not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
-    # Costliest modules first (compile, then process / load), each module's tests kept together and in order:
-    # in parallel runs the long proofs start at once and the cheap tests fill the workers around them.
-    rank: dict[str, int] = {}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        cost = 0 if item.get_closest_marker("compile") else 1 if item.get_closest_marker("slow") else 2
-        rank[module] = min(rank.get(module, 2), cost)
-    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+    # Costliest tier first, each module's tests kept together and in order.
+    items.sort(key=lambda item: TIERS.index(tier_of(item.path)))
 
 
 def _worker_group(item: pytest.Item) -> str:
@@ -141,3 +144,15 @@ def tiny_reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.support.tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny-seq-cls"), seq_classification=True)
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logger() -> Iterator[None]:
+    """Commands run in process (`warmup gc`, `configure_logging`) configure the root logger: put it back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)

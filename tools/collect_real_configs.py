@@ -2,7 +2,7 @@
 
 Each file is written byte for byte as its repository has it (a documentation block: the block's lines),
 and tests/real_configs/PROVENANCE.yaml records its repository, commit, path (and lines), license and the
-trainer it is for. Nothing is edited: tests/planner/test_real_configs.py points the model path at a tiny
+trainer it is for. Nothing is edited: tests/unit/planner/test_real_configs.py points the model path at a tiny
 model itself, in a copy.
 
 Command lines are real configs too: a training script's docstring (TRL's trl/scripts and examples/scripts), a

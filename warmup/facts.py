@@ -11,7 +11,7 @@ Exactness: the calls are TRL's own (`apply_chat_template` / the tokenizer's `__c
 arguments each trainer passes, TRL's `is_conversational`, `extract_prompt`, `maybe_convert_to_chatml`,
 `common_prefix_length`, and its packing functions), batched instead of one example at a time; the
 rules between them (EOS appended to plain text, the prompt / completion split, which examples a trainer
-drops) follow each trainer's `_prepare_dataset`. `tests/planner/test_dataset_facts.py` holds the
+drops) follow each trainer's `_prepare_dataset`. `tests/integration/planner/test_dataset_facts.py` holds the
 lengths to the ones TRL's trainers produce on the same data.
 
 Speed and memory: the dataset is streamed in Arrow batches (a few MB in memory at a time); batches

@@ -13,12 +13,8 @@ import json
 import socket
 import sys
 
-import pytest
-
-from tests.e2e.helpers import TRAIN_JOB, no_fresh_compiles, only_empty_locks_appeared, run, write_spec
+from tests.support.jobs import TRAIN_JOB, no_fresh_compiles, only_empty_locks_appeared, run, write_spec
 from warmup.artifacts import list_paths
-
-pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 
 def test_a_three_process_job_warmed_with_two_trains_with_zero_compiles(

@@ -16,15 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import write_spec
+from tests.support.jobs import write_spec
 from tests.support.live_server import serve
 from warmup.api.services import Services
 from warmup.client.service import ServiceClient
 from warmup.planner import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
-
-pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 POD_TRAIN = Path(__file__).resolve().parents[1] / "support" / "pod_train.py"
 

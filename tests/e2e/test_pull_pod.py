@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import run, write_spec
+from tests.support.jobs import run, write_spec
 from tests.support.live_server import serve
 from warmup.api.services import Services
 from warmup.backends import recompile_limits
@@ -26,8 +26,6 @@ from warmup.planner import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
 from warmup.worker.loop import Worker, WorkerOptions
-
-pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 POD_TRAIN = Path(__file__).resolve().parents[1] / "support" / "pod_train.py"
 

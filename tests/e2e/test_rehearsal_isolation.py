@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import signature, write_spec
+from tests.support.jobs import signature, write_spec
 from warmup.rehearsal import rehearse
 from warmup.spec import load_spec
-
-pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 
 @pytest.fixture
@@ -77,7 +75,7 @@ def test_killing_the_requester_stops_the_rehearsal_and_its_compiles(sft_spec, ti
         "import sys\n"
         "from warmup.rehearsal import rehearse\n"
         "from warmup.spec import load_spec\n"
-        "from tests.e2e.helpers import signature\n"
+        "from tests.support.jobs import signature\n"
         f"spec = load_spec({str(tmp_path / 'sft.yaml')!r})\n"
         f"rehearse(spec, [signature('sft', {str(tiny_model_dir)!r}, 'train', 2, 64)], {str(work)!r})\n"
     )

@@ -25,12 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import run, write_spec
 from tests.support.installs import closure, new_install, repack, with_changed_file
+from tests.support.jobs import run, write_spec
 from tests.support.live_server import serve
 from warmup.settings import Settings
-
-pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 POD_TRAIN = Path(__file__).resolve().parents[1] / "support" / "pod_train.py"
 OTHER_TRANSFORMERS = "5.18.0"  # TRL 1.16 accepts transformers >= 4.56.2; A has 5.24.0

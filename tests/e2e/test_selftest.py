@@ -9,11 +9,7 @@ from __future__ import annotations
 import re
 import sys
 
-import pytest
-
-from tests.e2e.helpers import run
-
-pytestmark = [pytest.mark.compile, pytest.mark.process]
+from tests.support.jobs import run
 
 
 def test_selftest_passes_with_zero_fresh_compiles_on_inductor_cpu(tmp_path):

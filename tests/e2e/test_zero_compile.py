@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
-import pytest
-
-from tests.e2e.helpers import (
+from tests.support.jobs import (
     no_fresh_compiles,
     only_empty_locks_appeared,
     run,
@@ -24,8 +22,6 @@ from tests.e2e.helpers import (
     write_spec,
 )
 from warmup.artifacts import list_paths
-
-pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 
 def test_sft_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, tmp_path):

@@ -2,7 +2,7 @@
 SFT ending on a partial packed batch, and GRPO with LoRA.
 
 Each test runs `warmup warm` on a spec of the tiny model (one or two signatures, to keep the CPU time small),
-then the user's TRL job in a fresh process (tests/e2e/train_job.py) with other weights and other data over that
+then the user's TRL job in a fresh process (tests/support/train_job.py) with other weights and other data over that
 cache: no FX or AOTAutograd cache miss or bypass, no file in the cache directory but empty kernel locks, and the
 warmed shapes are the ones the job met.
 """
@@ -14,12 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.e2e.helpers import no_fresh_compiles, only_empty_locks_appeared, run, run_job, write_spec
+from tests.support.jobs import no_fresh_compiles, only_empty_locks_appeared, run, run_job, write_spec
 from warmup.artifacts import list_paths
-
-pytestmark = [pytest.mark.compile, pytest.mark.process]
 
 LORA = {"lora_r": 8, "lora_alpha": 16, "lora_target_modules": ["q_proj", "v_proj"]}
 

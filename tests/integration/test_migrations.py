@@ -59,7 +59,6 @@ def test_upgrade_downgrade_upgrade(empty_db_url: str) -> None:
     upgrade(empty_db_url)  # at head already: nothing to do
 
 
-@pytest.mark.process
 def test_the_alembic_command_takes_the_url(empty_db_url: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("WARMUP_DATABASE_URL", None)
@@ -98,7 +97,6 @@ def test_upgrade_names_an_unreachable_database() -> None:
         upgrade(f"postgresql://postgres@127.0.0.1:{port}/nowhere")
 
 
-@pytest.mark.process
 def test_replicas_starting_together_migrate_one_at_a_time(pg_empty_url: str) -> None:
     """Four API replicas on an empty database at once: each upgrade succeeds, the schema is made once."""
     script = f"from warmup.db.migrate import upgrade; upgrade({pg_empty_url!r})"

@@ -34,8 +34,6 @@ from warmup.settings import Settings
 from warmup.spec import load_spec
 from warmup.toolchain import Toolchain, current_toolchain
 
-pytestmark = pytest.mark.process
-
 PREFIX = "warmup"
 
 

@@ -20,8 +20,6 @@ import yaml
 from tests.fixtures.factories import one_signature_sft
 from tests.support.tiny_model import write_tiny_model
 
-pytestmark = pytest.mark.process
-
 
 def free_port() -> int:
     with socket.socket() as sock:

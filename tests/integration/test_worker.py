@@ -2,7 +2,7 @@
 
 Signatures that compile nothing (labelled eager by the planner) go through the whole worker path
 (claim, rehearse, upload, complete, publish the manifest) in a fraction of a second, which lets these
-tests run many tasks; the compiling paths are in tests/e2e/test_worker_faults.py.
+tests run many tasks; the compiling paths are in tests/reliability/test_worker_killed_mid_compile.py.
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ def worker_command(db_url: str, store_url: str, *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.process
 def test_four_worker_processes_do_twenty_tasks_exactly_once(pg_url, tmp_path, model_dir):
     store_url = str(tmp_path / "blobs")
     engine = make_engine(pg_url)
@@ -103,7 +102,6 @@ def test_four_worker_processes_do_twenty_tasks_exactly_once(pg_url, tmp_path, mo
     engine.dispose()
 
 
-@pytest.mark.process
 def test_a_supervisor_re_executes_itself_once_per_process(pg_url, tmp_path, model_dir):
     """`--concurrency 2` starts two worker processes, each the same command with its own arguments
     (and the settings the environment gives), which share the queue: every task done once."""
@@ -156,7 +154,6 @@ def test_a_worker_registers_its_pool_per_world_size(sqlite_url, tmp_path):
     assert repository.list_workers() == []  # removed on exit
 
 
-@pytest.mark.process
 def test_an_unrehearsable_task_fails_at_once_with_the_reason(sqlite_url, tmp_path, model_dir):
     engine = make_engine(sqlite_url)
     toolchain = current_toolchain("inductor", "cpu")
@@ -193,7 +190,6 @@ def test_an_unrehearsable_task_fails_at_once_with_the_reason(sqlite_url, tmp_pat
     engine.dispose()
 
 
-@pytest.mark.process
 def test_sigterm_with_nothing_running_exits_cleanly(sqlite_url, tmp_path):
     worker = subprocess.Popen(
         [

@@ -339,7 +339,6 @@ def task_rows(engine: Engine) -> list[Any]:
 # --- scenarios --------------------------------------------------------------------------------
 
 
-@pytest.mark.process
 def test_a_job_rides_out_a_clean_restart_and_a_crash_of_the_database(
     private_postgres: PrivatePostgres,
     services_on: Services,
@@ -443,8 +442,6 @@ def compiling_spec(model_dir: Path) -> Spec:
     return load_spec(one_signature_sft(model_dir))
 
 
-@pytest.mark.compile
-@pytest.mark.process
 def test_a_worker_mid_compile_rides_out_a_restart(
     private_postgres: PrivatePostgres, services_on: Services, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -522,7 +519,6 @@ def test_a_worker_mid_compile_rides_out_a_restart(
     )
 
 
-@pytest.mark.process
 def test_a_worker_stopped_during_an_outage_exits_cleanly(
     private_postgres: PrivatePostgres, services_on: Services, tmp_path: Path
 ) -> None:
@@ -560,7 +556,6 @@ def test_a_worker_stopped_during_an_outage_exits_cleanly(
     assert "stopped while the database is unavailable" in output and "Traceback" not in output, output[-4000:]
 
 
-@pytest.mark.process
 def test_a_database_that_never_answers_is_an_error_not_a_hang() -> None:
     """A server that accepts TCP connections but never speaks (hung, half failed over): connecting
     fails within the connect timeout, as an error the API and the workers treat as unavailable."""

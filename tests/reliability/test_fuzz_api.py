@@ -108,7 +108,6 @@ def operations(app) -> list:
     return found
 
 
-@pytest.mark.load
 def test_every_operation_answers_bad_and_good_input_without_server_errors(app, admin_headers) -> None:
     seen: Counter[str] = Counter()
     unnamed: list[str] = []

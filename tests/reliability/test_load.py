@@ -89,7 +89,6 @@ def record_figures(result: LoadResult, name: str) -> None:
     )
 
 
-@pytest.mark.load
 def test_200_pods_and_50_submissions_on_a_fresh_postgres_server(pg_url, tiny_model_dir, tmp_path):
     config = LoadConfig(pods=200, submissions=50, duplicates=10, files_per_signature=2)
     result = run_load(
@@ -102,7 +101,6 @@ def test_200_pods_and_50_submissions_on_a_fresh_postgres_server(pg_url, tiny_mod
     record_figures(result, "load, PostgreSQL")
 
 
-@pytest.mark.load
 def test_the_embedded_sqlite_default_under_moderate_load(tiny_model_dir, tmp_path):
     """The README's one-command setup (SQLite file, local blobs): 50 pods and 25 submissions at once."""
     config = LoadConfig(pods=50, submissions=20, duplicates=5, files_per_signature=2, pod_processes=2)
@@ -140,7 +138,6 @@ print(len(errors), sorted(set(errors))[:3])
 """
 
 
-@pytest.mark.process
 def test_concurrent_plans_in_a_cold_process_resolve_every_trl_config_class():
     """The API plans requests in threads; on a fresh process TRL's lazy package gave "module 'trl' has
     no attribute 'SFTConfig'" (a 500) to some of the concurrent requests."""

@@ -505,7 +505,6 @@ def test_pod_pull_with_the_store_unreachable_fails_cleanly_and_installs_nothing(
     )
 
 
-@pytest.mark.process
 def test_cli_pull_from_an_unreachable_bucket_says_which_and_leaves_the_cache_dir_alone(
     warmed, services, proxy, model_dir, toolchain, tmp_path
 ):

@@ -43,8 +43,6 @@ from warmup.spec import Spec, load_spec
 from warmup.store import LocalBlobStore
 from warmup.toolchain import current_toolchain
 
-pytestmark = pytest.mark.process
-
 HOOKS = Path(__file__).resolve().parent / "fault_hooks"
 LEASE_S = 2.0  # short, so that a dead worker's lease runs out quickly
 # Bounds a worker's start (it imports torch) and its run: generous, for a crowded CI machine; a
@@ -357,7 +355,6 @@ def test_a_hung_worker_loses_its_task_and_its_late_complete_is_refused(setup, wo
 # --- a compile that crashes the process ----------------------------------------------------------
 
 
-@pytest.mark.compile
 def test_a_compile_that_crashes_its_process_is_retried_then_fails_with_the_signal(setup, workers):
     s = setup(compiling=True)
     worker = WorkerProcess(
@@ -392,7 +389,6 @@ def test_a_compile_that_crashes_its_process_is_retried_then_fails_with_the_signa
     )
 
 
-@pytest.mark.compile
 def test_a_rehearsal_supervisor_that_crashes_is_retried_then_fails_with_the_signal(setup, workers):
     s = setup(compiling=True)
     worker = WorkerProcess(

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.e2e.train_job import length_ranges, texts_for_sft
+from tests.support.train_job import length_ranges, texts_for_sft
 
 
 def main(argv: list[str] | None = None) -> int:

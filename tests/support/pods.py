@@ -159,7 +159,8 @@ def hostile_service(state: HostileService) -> Iterator[HostileService]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits up to one poll interval (0.5 s by default) for the loop to notice
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         state.url = f"http://127.0.0.1:{server.server_address[1]}"
         yield state

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -51,24 +49,6 @@ def test_inductor_env_points_at_the_cache_and_tags_isa_and_threads(tmp_path):
     assert env["ACCELERATE_DYNAMO_USE_DYNAMIC"] == "False"
     assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == env["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
     assert "isa" not in InductorBackend("cuda").key_tag()
-
-
-@pytest.mark.process
-def test_inductor_configure_process_sets_configs_read_at_torch_import(tmp_path):
-    # in a subprocess: it changes torch's global configs and this process's environment
-    code = f"""
-import torch, torch._dynamo.config as dc, torch.compiler.config as cc, os
-from warmup.backends import InductorBackend
-env = InductorBackend("cpu").configure_process({str(tmp_path / "c")!r}, 30)
-assert cc.cache_key_tag == env["TORCH_COMPILE_CACHE_KEY_TAG"] == os.environ["TORCH_COMPILE_CACHE_KEY_TAG"]
-assert dc.recompile_limit >= 30 and dc.accumulated_recompile_limit >= 16 * 30
-from torch._inductor.runtime.cache_dir_utils import cache_dir
-assert cache_dir() == {str((tmp_path / "c").absolute())!r}
-print("ok")
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
 
 
 def test_inductor_collects_everything_but_locks_temp_files_and_the_manifest(tmp_path):

@@ -10,108 +10,25 @@ import hashlib
 import http.server
 import os
 import threading
-from pathlib import Path
 
 import pytest
 
 from tests.fixtures.factories import cpu_toolchain
+from tests.support.blob_server import FlakyServer, installed, manifest_of
 from warmup.client.installing import install
 from warmup.client.local import INDEX_NAME
 from warmup.client.service import ServiceClient
 from warmup.client.sources import HttpBlobSource, StoreBlobSource
 from warmup.errors import BlobIntegrityError, ServerError, StoreError
-from warmup.manifest import Manifest, ManifestFile
+from warmup.manifest import ManifestFile
 from warmup.store import LocalBlobStore
-
-
-class FlakyServer:
-    """Serves /blobs/<sha256>. `fail[sha]` = how many of the first requests get a 503; `cut[sha]` = how
-    many of the first requests get half the body and a closed connection; `corrupt` serves wrong bytes."""
-
-    def __init__(self) -> None:
-        self.blobs: dict[str, bytes] = {}
-        self.fail: dict[str, int] = {}
-        self.cut: dict[str, int] = {}
-        self.corrupt: set[str] = set()
-        self.requests: dict[str, int] = {}
-        self.headers: list[dict[str, str]] = []
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                sha = self.path.rsplit("/", 1)[-1]
-                server.headers.append(dict(self.headers))
-                seen = server.requests[sha] = server.requests.get(sha, 0) + 1
-                body = server.blobs.get(sha)
-                if body is None:
-                    return self._answer(404, b"")
-                if seen <= server.fail.get(sha, 0):
-                    return self._answer(503, b"busy")
-                if sha in server.corrupt:
-                    body = bytes(len(body))
-                if seen <= server.cut.get(sha, 0):
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body[: len(body) // 2])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    return None
-                return self._answer(200, body)
-
-            def _answer(self, status: int, body: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def file(self, path: str, data: bytes, *, presigned: bool = True) -> ManifestFile:
-        sha = hashlib.sha256(data).hexdigest()
-        self.blobs[sha] = data
-        url = f"{self.url}/presigned/{sha}" if presigned else None
-        return ManifestFile(path=path, sha256=sha, size=len(data), url=url)
 
 
 @pytest.fixture
 def server():
     flaky = FlakyServer()
     yield flaky
-    flaky.httpd.shutdown()
-    flaky.httpd.server_close()  # shutdown() stops the loop; the listening socket needs closing too
-
-
-def manifest_of(files: list[ManifestFile]) -> Manifest:
-    return Manifest(
-        spec_key="s" * 64,
-        toolchain_key="t" * 64,
-        toolchain={},
-        backend="inductor",
-        device="cpu",
-        plan_size=1,
-        signatures=["a"],
-        files=files,
-    )
-
-
-def installed(dest: Path) -> set[str]:
-    if not dest.exists():
-        return set()
-    return {
-        p.relative_to(dest).as_posix()
-        for p in dest.rglob("*")
-        if p.is_file()
-        and not p.name.startswith(".warmup")
-        and not p.relative_to(dest).as_posix().startswith(".warmup")
-    }
+    flaky.close()
 
 
 def test_transient_failures_are_retried_until_the_file_is_right(server, tmp_path):
@@ -172,7 +89,8 @@ def test_the_api_client_follows_no_redirect_so_its_token_stays_with_the_service(
             pass
 
     redirecting = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    threading.Thread(target=redirecting.serve_forever, daemon=True).start()
+    # shutdown() waits up to one poll interval (0.5 s by default) for the loop to notice
+    threading.Thread(target=redirecting.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         service = ServiceClient(f"http://127.0.0.1:{redirecting.server_address[1]}", token="wu_secret")
         with pytest.raises(ServerError, match="HTTP 302"):
@@ -255,33 +173,3 @@ def test_downloads_go_through_the_proxy_the_environment_names(server, tmp_path, 
         assert (tmp_path / "a.bin").read_bytes() == b"through the proxy"
     finally:
         _proxies.cache_clear()
-
-
-@pytest.mark.process
-def test_https_downloads_verify_the_certificate(server, tmp_path, monkeypatch):
-    import ssl
-    import subprocess
-
-    from warmup.client.service import tls_context as _tls_context
-
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server.httpd.socket = context.wrap_socket(server.httpd.socket, server_side=True)
-    file = server.file("a.bin", b"over tls")
-    file = file.model_copy(update={"url": file.url.replace("http://", "https://")})
-    _tls_context.cache_clear()
-    try:
-        with pytest.raises(StoreError, match=r"not trusted.*SSL_CERT_FILE"):
-            install(manifest_of([file]), tmp_path / "untrusted", HttpBlobSource(None))
-        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
-        _tls_context.cache_clear()
-        install(manifest_of([file]), tmp_path / "trusted", HttpBlobSource(None))
-        assert (tmp_path / "trusted" / "a.bin").read_bytes() == b"over tls"
-    finally:
-        _tls_context.cache_clear()

@@ -2,7 +2,7 @@
 the one the pod remembered or predicted, strict mode, and why a compile happened.
 
 The callback here is the real one, hooked on a real (tiny) torch module: what it sees is what it sees
-in a Trainer (the hooks are the same); tests/e2e/test_strict_exec.py runs it in a real TRL job.
+in a Trainer (the hooks are the same); tests/integration/test_strict_exec.py runs it in a real TRL job.
 """
 
 from __future__ import annotations

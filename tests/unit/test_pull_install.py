@@ -51,7 +51,8 @@ class BlobServer:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        # shutdown() waits up to one poll interval (0.5 s by default) for the loop to notice
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def add(self, data: bytes) -> str:
         sha = hashlib.sha256(data).hexdigest()

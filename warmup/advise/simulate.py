@@ -131,7 +131,7 @@ def shard_positions(
     One process is left alone by accelerate: torch's BatchSampler, a short last batch unless drop_last.
     Several: accelerate's `BatchSamplerShard._iter_with_no_split` (split_batches off), computed for all
     processes in one pass rather than by iterating the sampler once per process (processes x examples
-    steps: minutes for hundreds of processes); `tests/advise/test_replay.py` holds it equal to the class.
+    steps: minutes for hundreds of processes); `tests/unit/advise/test_replay.py` holds it equal to the class.
     """
     batches = [np.arange(s, min(s + batch, examples), dtype=np.int64) for s in range(0, examples, batch)]
     if drop_last and batches and len(batches[-1]) < batch:
