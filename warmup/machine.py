@@ -143,18 +143,20 @@ def compiler_identity() -> str:
 def compiler_version() -> str | None:
     """The first line of `--version` of the C++ compiler Inductor would run (CXX, else g++), or None when
     there is none: which compiler built a kernel (its runtime libraries must be there to load it)."""
+    done = _ask_compiler(cxx(), "--version")
+    lines = done.stdout.strip().splitlines() if done else []
+    return lines[0].strip() if lines else None
+
+
+def _ask_compiler(compiler: str, *args: str) -> subprocess.CompletedProcess[str] | None:
+    """`compiler` run with `args` in the C locale, or None when it cannot run or fails."""
     try:
         done = subprocess.run(
-            [cxx(), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env={**os.environ, "LC_ALL": "C"},
+            [compiler, *args], capture_output=True, text=True, timeout=30, env={**os.environ, "LC_ALL": "C"}
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    lines = done.stdout.strip().splitlines()
-    return lines[0].strip() if done.returncode == 0 and lines else None
+    return done if done.returncode == 0 else None
 
 
 # The flag Inductor's C++ kernel command line names this machine's CPU with on x86 and most ARM machines
@@ -174,17 +176,8 @@ def native_target(flags: tuple[str, ...] = NATIVE_FLAGS) -> tuple[str, ...] | No
 
 @functools.cache
 def _native_target(compiler: str, flags: tuple[str, ...]) -> tuple[str, ...] | None:
-    try:
-        done = subprocess.run(
-            [compiler, *flags, "-###", "-fsyntax-only", "-x", "c++", os.devnull],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env={**os.environ, "LC_ALL": "C"},
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return target_of(done.stderr) if done.returncode == 0 else None
+    done = _ask_compiler(compiler, *flags, "-###", "-fsyntax-only", "-x", "c++", os.devnull)
+    return target_of(done.stderr) if done else None
 
 
 def target_of(driver_output: str) -> tuple[str, ...] | None:
