@@ -18,7 +18,9 @@ digest of what it holds:
 
 Two installs of the same wheels therefore share every kernel key, and two installs whose files differ share
 none: a changed header changes the digest, so such a cache misses rather than loads code built against other
-files. A folder whose content cannot be named cheaply (a torch without RECORD, an OpenMP or CUDA folder) stays
+files. The same holds for the CPU the kernels are built for: `-march=native` is named by what the compiler
+resolves it to here (`<native@sha256:...>`, machine.native_target), so a kernel built for another CPU's
+extensions or tuning is never loaded in its stead. A folder whose content cannot be named cheaply (a torch without RECORD, an OpenMP or CUDA folder) stays
 in the key as it is: that cache serves only the same location, as before. `install()` puts the layout into
 this process (a patch of `torch._inductor.codecache.write`, which computes every kernel's key and path);
 warm-up workers, `warmup.activate` and every process `warmup exec` starts call it before anything compiles
@@ -151,8 +153,36 @@ def locations() -> tuple[Location, ...]:
 
 
 def canonical(text: str) -> str:
-    """`text` with every folder of this process's `locations()` replaced by the token naming its content."""
-    return rename_folders(text, locations())
+    """`text` with every folder of this process's `locations()` replaced by the token naming its content, and
+    every native CPU target by the token naming what it resolves to here."""
+    return name_native_targets(rename_folders(text, locations()), _native_token)
+
+
+# Inductor's flags that leave the CPU to the compiler: `-march=native` (x86, most ARM), `-mcpu=native` (POWER).
+_NATIVE = re.compile(r"(-m(?:arch|cpu|tune)=)native(?=[\s'\"]|$)")
+
+
+def native_flags(command_line: str) -> tuple[str, ...]:
+    """The flags of a compiler command line that name this machine's CPU (`-march=native`), each once."""
+    return tuple(dict.fromkeys(match.group(0) for match in _NATIVE.finditer(command_line)))
+
+
+def name_native_targets(text: str, token: Any) -> str:
+    """`text` with each native flag's `native` replaced by `token(flag)` (None: left as it is)."""
+
+    def named(match: re.Match[str]) -> str:
+        name = token(match.group(0))
+        return match.group(1) + name if name else match.group(0)
+
+    return _NATIVE.sub(named, text) if "native" in text else text
+
+
+@functools.cache
+def _native_token(flag: str) -> str | None:
+    from warmup import machine
+
+    target = machine.native_target((flag,))
+    return f"<native@{_digest(list(target))}>" if target else None
 
 
 def rename_folders(text: str, found: tuple[Location, ...]) -> str:
@@ -242,6 +272,12 @@ def command_line_paths() -> tuple[str, ...]:
         elif token.startswith(("-I", "-L")) and len(token) > 2:
             paths.append(token)
     return tuple(paths)
+
+
+def command_line_native_flags() -> tuple[str, ...]:
+    """The flags of Inductor's C++ kernel command line here that leave the CPU to the compiler: `-march=native`,
+    unless `TORCHINDUCTOR_CPP_MARCH` names a target (then none). Imports torch."""
+    return native_flags(_reference_command_line(with_isa=False))
 
 
 def _reference_command_line(*, with_isa: bool = True) -> str:

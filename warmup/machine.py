@@ -8,7 +8,9 @@ programs with g++ (seconds more). What the toolchain depends on can be read far 
   so one small file read names the exact build (`torch_record_sha256`);
 - the CPU's vector extensions from what the kernel reports (`/proc/cpuinfo` flags), and its
   physical core count (what torch sizes its thread pool from) from sysfs;
-- the GPUs' model names from the NVIDIA driver (`/proc/driver/nvidia/gpus/*/information`).
+- the GPUs' model names from the NVIDIA driver (`/proc/driver/nvidia/gpus/*/information`);
+- what `-march=native` on Inductor's kernel command line builds for here (`native_target`): the compiler
+  driver prints the options it would hand its compiler proper (`-###`: nothing is compiled, a few ms).
 
 `warmup/toolchain.py` remembers the exact facts once per image under a key of these, and predicts the
 machine-dependent ones (ISA, threads, GPU) from them on a machine it has not seen; the training
@@ -17,10 +19,14 @@ process computes the exact facts anyway and refuses a cache whose toolchain does
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import os
 import platform
+import shlex
 import shutil
+import subprocess
 from importlib import metadata
 from pathlib import Path
 
@@ -114,10 +120,15 @@ def _count(text: str) -> int | None:
     return value if value > 0 else None
 
 
+def cxx() -> str:
+    """The C++ compiler Inductor runs: CXX, else g++ (its `cpp.cxx` default on Linux)."""
+    return os.environ.get("CXX") or "g++"
+
+
 def compiler_identity() -> str:
     """The C++ compiler Inductor would run (CXX, else g++ on PATH): path, size and mtime. Its ISA
     probes depend on what this compiler supports."""
-    name = os.environ.get("CXX") or "g++"
+    name = cxx()
     path = shutil.which(name)
     if path is None:
         return f"{name}: not found"
@@ -132,17 +143,84 @@ def compiler_identity() -> str:
 def compiler_version() -> str | None:
     """The first line of `--version` of the C++ compiler Inductor would run (CXX, else g++), or None when
     there is none: which compiler built a kernel (its runtime libraries must be there to load it)."""
-    import subprocess
+    done = _ask_compiler(cxx(), "--version")
+    lines = done.stdout.strip().splitlines() if done else []
+    return lines[0].strip() if lines else None
 
-    name = os.environ.get("CXX") or "g++"
+
+def _ask_compiler(compiler: str, *args: str) -> subprocess.CompletedProcess[str] | None:
+    """`compiler` run with `args` in the C locale, or None when it cannot run or fails."""
     try:
         done = subprocess.run(
-            [name, "--version"], capture_output=True, text=True, timeout=30, env={**os.environ, "LC_ALL": "C"}
+            [compiler, *args], capture_output=True, text=True, timeout=30, env={**os.environ, "LC_ALL": "C"}
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    lines = done.stdout.strip().splitlines()
-    return lines[0].strip() if done.returncode == 0 and lines else None
+    return done if done.returncode == 0 else None
+
+
+# The flag Inductor's C++ kernel command line names this machine's CPU with on x86 and most ARM machines
+# (`cpp_builder._get_cpu_arch_cflags`); the toolchain reads the flags it really uses from the command line.
+NATIVE_FLAGS = ("-march=native",)
+
+
+def native_target(flags: tuple[str, ...] = NATIVE_FLAGS) -> tuple[str, ...] | None:
+    """What the C++ compiler (`cxx()`) generates code for here when given `flags` (`-march=native`): the
+    target CPU, the tuning, every instruction-set extension it enables and the cache sizes it tunes for,
+    as `target_of` normalises them. The driver resolves `native` from the CPU (cpuid on x86) and prints
+    the options it would hand its compiler proper under `-###`, which runs nothing (and no `-o` or `-E`: a
+    compiler wrapper that caches or logs builds sees a query). None when there is no such compiler or it
+    refuses the flags."""
+    return _native_target(cxx(), tuple(flags))
+
+
+@functools.cache
+def _native_target(compiler: str, flags: tuple[str, ...]) -> tuple[str, ...] | None:
+    done = _ask_compiler(compiler, *flags, "-###", "-fsyntax-only", "-x", "c++", os.devnull)
+    return target_of(done.stderr) if done else None
+
+
+def target_of(driver_output: str) -> tuple[str, ...] | None:
+    """The options that decide which CPU code is generated for, from a compiler driver's `-###` (or `-v`)
+    output: the compiler proper's command line (gcc's `cc1plus` / `cc1`, clang's `-cc1`). Kept: the CPU
+    (`-march=`, `-mcpu=`), the tuning (`-mtune=`), each extension enabled (`-m<extension>`) and each
+    `--param` (the cache sizes gcc reads from the CPU); in gcc's spelling (clang's `-target-cpu X` as
+    `-march=X`, `-tune-cpu X` as `-mtune=X`, `-target-feature +X` as `-mX`). The extensions turned off
+    (`-mno-...`) are left out: with the same compiler (the toolchain's `cxx`) they are all it checks for
+    less those enabled. Sorted, each once. None when no such command line is found."""
+    for line in driver_output.splitlines():
+        try:
+            tokens = shlex.split(line)
+        except ValueError:
+            continue
+        if not tokens:
+            continue
+        if os.path.basename(tokens[0]) in ("cc1plus", "cc1"):
+            return _gcc_target(tokens[1:])
+        if tokens[1:2] == ["-cc1"]:
+            return _clang_target(tokens[2:])
+    return None
+
+
+def _gcc_target(tokens: list[str]) -> tuple[str, ...]:
+    kept = set()
+    for index, token in enumerate(tokens):
+        if token == "--param" and index + 1 < len(tokens):
+            kept.add(f"--param={tokens[index + 1]}")
+        elif token.startswith("--param=") or (token.startswith("-m") and not token.startswith("-mno-")):
+            kept.add(token)
+    return tuple(sorted(kept))
+
+
+def _clang_target(tokens: list[str]) -> tuple[str, ...]:
+    spelled = {"-target-cpu": "-march=", "-tune-cpu": "-mtune="}
+    kept = set()
+    for option, value in itertools.pairwise(tokens):
+        if option in spelled:
+            kept.add(spelled[option] + value)
+        elif option == "-target-feature" and value.startswith("+"):
+            kept.add("-m" + value[1:])
+    return tuple(sorted(kept))
 
 
 # Inductor's x86 compiler flags -> the names the kernel reports the same features under.

@@ -12,9 +12,10 @@ What goes in, and why (docs/compile-caches.md, sections 2-4):
 - Python version: not in Inductor's key, but in Dynamo's precompile checks and in pickled entries;
 - triton, CUDA version and GPU name on CUDA;
 - on CPU, the vector ISA Inductor picks and the thread count: the ISA is NOT in Inductor's key, and a
-  cache built for AVX-512 silently gives wrong numbers under AVX2; the compiler that built the kernels;
-  and the folders on the kernels' command line, named by content where warmup/layout.py can (another
-  install of the same wheels has the same toolchain);
+  cache built for AVX-512 silently gives wrong numbers under AVX2; what `-march=native` on the kernels'
+  command line resolves to (the CPU, tuning and extensions the kernels are built for: Inductor's key holds
+  the literal flag); the compiler that built the kernels; and the folders on the kernels' command line,
+  named by content where warmup/layout.py can (another install of the same wheels has the same toolchain);
 - on Neuron, torch-neuronx and neuronx-cc versions (the NEFF key leaves them out), the instance
   family (trn1 / trn2 / trn3), the logical NeuronCore config (LNC) and the canonical NEURON_CC_FLAGS;
 - environment variables that change compiled code (TORCHINDUCTOR_*, TORCH_COMPILE_*, ...), but not
@@ -136,6 +137,13 @@ class Toolchain(BaseModel):
     neuronx_cc: str | None = None
     device_kind: str = Field(description="cpu, the GPU name, or the Trainium generation (trn1, trn2, trn3).")
     cpu_isa: str | None = Field(None, description="CPU: the vector ISA Inductor generates code for.")
+    cpu_target: tuple[str, ...] | None = Field(
+        None,
+        description="CPU: what `-march=native` on Inductor's C++ kernel command line makes the compiler build "
+        "for here: the CPU and tuning (`-march=`, `-mtune=`), each instruction-set extension enabled (`-m...`) "
+        "and the cache sizes (`--param=`), sorted (warmup/machine.py `native_target`). None when the command "
+        "line names no native target (TORCHINDUCTOR_CPP_MARCH set).",
+    )
     num_threads: int | None = Field(
         None, description="CPU: torch.get_num_threads() (in Inductor's key since 2.13)."
     )
@@ -313,9 +321,11 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
     if device == "cpu":
         from warmup import layout, machine
 
+        native = layout.command_line_native_flags()
         facts.update(
             device_kind="cpu",
             cpu_isa=isa,
+            cpu_target=machine.native_target(native) if native else None,
             num_threads=training_threads(world_size),
             kernel_paths=layout.command_line_paths(),
             cxx=machine.compiler_version(),
@@ -347,8 +357,9 @@ TOOLCHAIN_MEMO = ".warmup-toolchain.json"
 # The image's memo: the exact toolchains computed with this install, by the facts they depend on.
 IMAGE_MEMO_ENV = "WARMUP_TOOLCHAIN_MEMO"
 # 2: toolchains carry kernel_paths, and an install's facts its location; 3: kernel_paths name content, and
-# toolchains carry the compiler (an install's facts its identity)
-IMAGE_MEMO_FORMAT = 3
+# toolchains carry the compiler (an install's facts its identity); 4: toolchains carry cpu_target, a machine's
+# facts what -march=native resolves to, an install's the native flags of Inductor's command line
+IMAGE_MEMO_FORMAT = 4
 # The fields of a toolchain fixed by the installed software; the others describe the machine.
 BUILD_FIELDS = (
     "backend",
@@ -411,13 +422,14 @@ def resolve_toolchain(
       one (same CPU flags, core count, compiler, GPUs, environment);
     - `predicted`: the image's memo knows this install but not this machine: the software facts come
       from it and the machine's (CPU vector ISA, threads, GPU model) are read from the kernel and the
-      driver (warmup/machine.py). The training process computes the exact facts as it starts and
+      driver, the CPU target from the compiler driver (warmup/machine.py). The training process computes the exact facts as it starts and
       refuses a cache pulled for facts that were wrong (warmup.activation.verify_pulled_toolchain);
     - `computed`: nothing remembered applies: computed, and remembered in the image's memo when it can
       be written (so that `warmup toolchain --remember` in an image build makes every pod fast).
     The facts are read without importing torch: torch's RECORD (the sha256 of every installed file),
-    package versions, the interpreter, the CPU's flags and physical cores, the compiler, the GPUs,
-    and the compile-relevant environment. Neuron toolchains (instance facts from the runtime) are
+    package versions, the interpreter, the CPU's flags and physical cores, what `-march=native` resolves
+    to (the compiler driver's answer, which compiles nothing), the compiler, the GPUs, and the
+    compile-relevant environment. Neuron toolchains (instance facts from the runtime) are
     always computed. With `remember=False` nothing is written into `directory` (a pull writes it once
     it has succeeded: `remember_toolchain`). With `exact_only`, a `predicted` answer is computed instead.
     """
@@ -503,7 +515,13 @@ def cheap_facts(backend: str, device: str, world_size: int) -> tuple[dict[str, A
     machine_facts = {
         "world_size": world_size,
         "arch": platform.machine(),
-        "cpu": [machine.cpu_model(), sorted(machine.cpu_flags())],
+        # on CPU what the compiler makes of -march=native here (a few ms): another CPU target is another machine
+        # (a list, as it reads back from a memo's JSON)
+        "cpu": [
+            machine.cpu_model(),
+            sorted(machine.cpu_flags()),
+            list(machine.native_target() or ()) if device == "cpu" else None,
+        ],
         "cores": [machine.physical_cores(), os.cpu_count()],
         "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "threads": {
@@ -615,12 +633,18 @@ def image_memo_toolchain(
     device = facts.get("device")
     if device == "cpu":
         table = [(str(name), [str(f) for f in needed]) for name, needed in known.get("isa_table") or []]
+        native = tuple(str(flag) for flag in known.get("native_flags") or ())
         facts.update(
             device_kind="cpu",
             cpu_isa=machine.predicted_cpu_isa(table),
+            cpu_target=machine.native_target(native) if native else None,
             num_threads=machine.predicted_threads(world_size),
         )
-        if facts["cpu_isa"] is None or facts["num_threads"] is None:
+        if (
+            facts["cpu_isa"] is None
+            or facts["num_threads"] is None
+            or (native and facts["cpu_target"] is None)
+        ):
             return None
     elif device == "cuda":
         facts["device_kind"] = machine.predicted_gpu_name()
@@ -640,7 +664,8 @@ def remember_in_image(toolchain: Toolchain, *, world_size: int = 1) -> Path | No
     CPU ISA candidates (each with the kernel flags it needs) go with it, so that another machine's
     ISA can be predicted. Entries of the same install whose software facts differ from these were
     stale (a torch changed in place, a memo copied from another image): they are dropped. Returns the
-    memo's path, or None when no memo can be written here."""
+    memo's path, or None when no memo can be written here. So do the flags of Inductor's kernel command line
+    that leave the CPU to the compiler (`-march=native`), so that another machine's target can be resolved."""
     if toolchain.device == "neuron":
         return None
     path = image_memo_path(for_writing=True)
@@ -650,7 +675,10 @@ def remember_in_image(toolchain: Toolchain, *, world_size: int = 1) -> Path | No
     document = toolchain.model_dump(mode="json")
     entry: dict[str, Any] = {"facts": {name: document[name] for name in BUILD_FIELDS}}
     if toolchain.device == "cpu":
+        from warmup import layout
+
         entry["isa_table"] = isa_table()
+        entry["native_flags"] = list(layout.command_line_native_flags())
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         memo = _read_image_memo(path)

@@ -141,3 +141,39 @@ def test_the_graph_source_folders_are_where_torch_and_transformers_are_installed
     folders = layout.source_folders()
     for package in (torch, transformers):
         assert os.path.dirname(os.path.dirname(os.path.abspath(package.__file__))) in folders
+
+
+def test_a_native_cpu_target_is_named_by_what_it_resolves_to_as_a_whole_flag_only():
+    line = "g++ i -O3 -march=native -mavx512f -I/x/native -DNAME=-march=native_kernel '-mcpu=native'"
+    tokens = {"-march=native": "<native@sha256:a>", "-mcpu=native": "<native@sha256:p>"}
+    assert layout.name_native_targets(line, tokens.get) == (
+        "g++ i -O3 -march=<native@sha256:a> -mavx512f -I/x/native -DNAME=-march=native_kernel "
+        "'-mcpu=<native@sha256:p>'"
+    )
+    assert layout.name_native_targets(line, lambda flag: None) == line  # the compiler cannot say: as it is
+    assert layout.native_flags(line + " -march=native") == ("-march=native", "-mcpu=native")
+    assert layout.native_flags("g++ -march=x86-64-v4 -O3") == ()
+
+
+def test_kernels_built_for_two_cpu_targets_get_two_keys(monkeypatch):
+    """The hashed command line names what -march=native resolves to: a kernel built on a CPU of other
+    extensions or tuning is not found under this machine's key (Inductor's own key holds only the literal)."""
+    monkeypatch.setattr(layout, "locations", lambda: ())
+    extras = []
+    for target in ("<native@sha256:zen>", "<native@sha256:cascadelake>", "<native@sha256:zen>"):
+        monkeypatch.setattr(layout, "_native_token", lambda flag, target=target: target)
+        codecache = _fake_codecache()
+        layout.install(codecache)
+        codecache.write("kernel", "main.cpp", extra="g++ -O3 -march=native -mavx512f")
+        extras.append(codecache.calls[0][2])
+    assert extras[0] == "g++ -O3 -march=<native@sha256:zen> -mavx512f" == extras[2] != extras[1]
+
+
+def test_this_machines_native_target_is_named_by_the_digest_of_its_resolution():
+    from warmup import machine
+
+    target = machine.native_target(("-march=native",))
+    assert target is not None
+    assert (
+        layout.canonical("g++ -march=native -O3") == f"g++ -march=<native@{layout._digest(list(target))}> -O3"
+    )

@@ -80,17 +80,27 @@ def signature_of(spec: Spec, seq_len: int) -> Signature:
 # --- the remembered facts are stale: the training process refuses the cache, naming the field ---------
 
 
+# A CPU of the same ISA whose compiler builds for another CPU (`-march=native` resolved there): one extension
+# less than this machine has, another tuning.
+OTHER_CPU = "another CPU target"
+
+
 @pytest.mark.parametrize(
     ("field", "stale"),
-    [("torch_key", "0" * 64), ("cpu_isa", ("avx512 avx512_vnni amx_tile", "avx2"))],
-    ids=["another torch build", "another ISA"],
+    [
+        ("torch_key", "0" * 64),
+        ("cpu_isa", ("avx512 avx512_vnni amx_tile", "avx2")),
+        ("cpu_target", OTHER_CPU),
+    ],
+    ids=["another torch build", "another ISA", "another native target"],
 )
 def test_a_cache_pulled_for_stale_remembered_facts_is_refused_naming_the_field(
     spec, exact, tmp_path, monkeypatch, field, stale
 ):
-    """The image's memo says this install is another torch build (or this machine another ISA): the pod
-    trusts it, pulls the cache of those facts from the bucket, and the training process, which
-    computes the exact facts, refuses that cache naming the field, reports it, and corrects the memo."""
+    """The image's memo says this install is another torch build (or this machine another ISA, or a CPU that
+    -march=native builds other code for): the pod trusts it, pulls the cache of those facts from the
+    bucket, and the training process, which computes the exact facts, refuses that cache naming the field,
+    reports it, and corrects the memo."""
     from warmup.activation import activate
     from warmup.callback import WarmupCallback
     from warmup.client.pulling import pull
@@ -103,6 +113,13 @@ def test_a_cache_pulled_for_stale_remembered_facts_is_refused_naming_the_field(
     remember_in_image(exact)  # `warmup toolchain --remember` in the image build ...
     if isinstance(stale, tuple):  # an ISA other than this machine's own (which may be either)
         stale = next(isa for isa in stale if isa != exact.cpu_isa)
+    difference = (getattr(exact, field), stale)  # (here, pulled for)
+    if stale == OTHER_CPU:
+        assert exact.cpu_target is not None
+        dropped = next(option for option in exact.cpu_target if option.startswith("-m") and "=" not in option)
+        tune = next(option for option in exact.cpu_target if option.startswith("-mtune="))
+        stale = tuple(sorted({*exact.cpu_target} - {dropped, tune} | {"-mtune=generic"}))
+        difference = ([dropped, tune], ["-mtune=generic"])  # named: what each side has alone
     wrong = exact.model_copy(update={field: stale})
     data = json.loads(memo.read_text())  # ... then the facts went stale (here: made so)
     for machines in data["exact"].values():
@@ -132,7 +149,7 @@ def test_a_cache_pulled_for_stale_remembered_facts_is_refused_naming_the_field(
     with pytest.raises(ToolchainMismatchError) as refused:
         activate(spec, dest)
     assert set(refused.value.differences) == {field}
-    assert refused.value.differences[field] == (getattr(exact, field), stale)  # (here, pulled for)
+    assert tuple(refused.value.differences[field]) == tuple(difference)
     assert "refused" in str(refused.value) and field in str(refused.value)
 
     callback = WarmupCallback(spec, cache_dir=dest)
@@ -142,7 +159,7 @@ def test_a_cache_pulled_for_stale_remembered_facts_is_refused_naming_the_field(
     report = json.loads((out / "warmup-coverage.json").read_text())
     assert report["details"]["status"] == "refused"
     assert report["details"]["toolchain_mismatch"] == {
-        field: {"here": getattr(exact, field), "pulled": stale}
+        field: {"here": difference[0], "pulled": difference[1]}
     }
 
     # The exact facts replaced the stale ones: the next pod's toolchain is right.

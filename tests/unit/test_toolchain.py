@@ -299,3 +299,146 @@ def test_without_a_gpu_driver_a_worker_picks_cpu_without_asking_torch(monkeypatc
     monkeypatch.setattr(machine, "gpu_driver_present", lambda: True)
     assert Settings(backend="inductor").worker_device() == "cuda" and asked == [True]
     assert Settings(backend="inductor", device="cpu").worker_device() == "cpu"  # given: taken as it is
+
+
+# --- the CPU target: what -march=native builds for --------------------------------------------------------
+
+# What `g++ -march=native -### -fsyntax-only -x c++ /dev/null` prints for the compiler proper, gcc 12 on two CPUs of the
+# same Inductor ISA (`avx512 avx512_vnni`): an AMD EPYC (this line as printed on the project's machine, its
+# extensions turned off shortened), and a Cascade Lake in the same form (the extensions gcc gives
+# `-march=cascadelake`, its L1 data cache and tuning).
+GCC_ZEN = (
+    " /usr/lib/gcc/x86_64-linux-gnu/12/cc1plus -E -quiet -imultiarch x86_64-linux-gnu -D_GNU_SOURCE /dev/null"
+    ' "-march=znver3" -mmmx -mpopcnt -msse -msse2 -msse3 -mssse3 -msse4.1 -msse4.2 -mavx -mavx2 -msse4a'
+    " -mno-fma4 -mfma -mavx512f -mbmi -mbmi2 -maes -mpclmul -mavx512vl -mavx512bw -mavx512dq -mavx512cd"
+    " -mavx512vbmi -mavx512ifma -mavx512vpopcntdq -mavx512vbmi2 -mgfni -mvpclmulqdq -mavx512vnni"
+    " -mavx512bitalg -mavx512bf16 -mavx512vp2intersect -madx -mabm -mclflushopt -mclwb -mclzero -mcx16"
+    " -mf16c -mfsgsbase -mfxsr -msahf -mlzcnt -mmovbe -mno-mwaitx -mprfchw -mrdpid -mrdrnd -mrdseed -msha"
+    " -mshstk -mvaes -mxsave -mxsavec -mxsaveopt -mxsaves -mno-amx-tile -mavxvnni -mno-avx512fp16"
+    ' --param "l1-cache-size=48" --param "l1-cache-line-size=64" --param "l2-cache-size=1024"'
+    ' "-mtune=znver3" -fasynchronous-unwind-tables -dumpbase null'
+)
+GCC_CASCADE_LAKE = (
+    " /usr/lib/gcc/x86_64-linux-gnu/12/cc1plus -E -quiet -imultiarch x86_64-linux-gnu -D_GNU_SOURCE /dev/null"
+    ' "-march=cascadelake" -mmmx -mpopcnt -msse -msse2 -msse3 -mssse3 -msse4.1 -msse4.2 -mavx -mavx2'
+    " -mno-sse4a -mno-fma4 -mfma -mavx512f -mbmi -mbmi2 -maes -mpclmul -mavx512vl -mavx512bw -mavx512dq"
+    " -mavx512cd -mno-avx512vbmi -mno-avx512ifma -mno-avx512vpopcntdq -mno-avx512vbmi2 -mno-gfni"
+    " -mno-vpclmulqdq -mavx512vnni -mno-avx512bitalg -mno-avx512bf16 -mno-avx512vp2intersect -madx -mabm"
+    " -mclflushopt -mclwb -mno-clzero -mcx16 -mf16c -mfsgsbase -mfxsr -msahf -mlzcnt -mmovbe -mno-mwaitx"
+    " -mprfchw -mno-rdpid -mrdrnd -mrdseed -mno-sha -mno-shstk -mno-vaes -mxsave -mxsavec -mxsaveopt -mxsaves"
+    " -mno-amx-tile -mno-avxvnni -mno-avx512fp16"
+    ' --param "l1-cache-size=32" --param "l1-cache-line-size=64" --param "l2-cache-size=1024"'
+    ' "-mtune=cascadelake" -fasynchronous-unwind-tables -dumpbase null'
+)
+DRIVER_PREAMBLE = "Using built-in specs.\nCOLLECT_GCC=g++\nTarget: x86_64-linux-gnu\n"
+
+
+def test_the_cpu_target_is_what_the_compiler_proper_is_told_sorted_and_without_what_is_off():
+    from warmup.machine import target_of
+
+    zen = target_of(DRIVER_PREAMBLE + GCC_ZEN + "\nCOMPILER_PATH=/usr/lib/gcc/\n")
+    assert zen is not None and list(zen) == sorted(set(zen))
+    assert "-march=znver3" in zen and "-mtune=znver3" in zen and "-mavx512vp2intersect" in zen
+    assert {"--param=l1-cache-size=48", "--param=l1-cache-line-size=64", "--param=l2-cache-size=1024"} <= set(
+        zen
+    )
+    assert not any(option.startswith("-mno-") for option in zen)  # implied: same compiler, these enabled
+    # Stable: the same options in another order, repeated, or `--param=` spelled in one word are one target.
+    shuffled = GCC_ZEN.replace('"-mtune=znver3"', '"-mtune=znver3" -mavx2').replace(
+        '--param "l1-cache-size=48"', "--param=l1-cache-size=48"
+    )
+    assert target_of(shuffled) == zen
+    assert target_of("g++: error: unrecognized command-line option '-march=native'\n") is None
+    assert target_of("") is None
+
+
+def test_clangs_target_options_are_spelled_as_gccs():
+    from warmup.machine import target_of
+
+    clang = (
+        ' "/usr/lib/llvm-16/bin/clang" "-cc1" "-triple" "x86_64-pc-linux-gnu" "-fsyntax-only" "-target-cpu" "znver3"'
+        ' "-target-feature" "+avx2" "-target-feature" "-avx512fp16" "-target-feature" "+avx512f"'
+        ' "-tune-cpu" "znver3" "-x" "c++" "/dev/null"'
+    )
+    assert target_of("clang version 16.0.6\n" + clang) == (
+        "-march=znver3",
+        "-mavx2",
+        "-mavx512f",
+        "-mtune=znver3",
+    )
+
+
+def test_two_cpus_of_the_same_isa_differ_by_cpu_target_naming_what_each_has_alone():
+    from warmup.machine import target_of
+
+    zen, cascade_lake = target_of(GCC_ZEN), target_of(GCC_CASCADE_LAKE)
+    here, there = _toolchain(cpu_target=zen), _toolchain(cpu_target=cascade_lake)
+    assert here.cpu_isa == there.cpu_isa and here.key() != there.key()
+    only_zen, only_cascade_lake = here.diff(there)["cpu_target"]
+    assert set(here.diff(there)) == {"cpu_target"}
+    assert {
+        "-march=znver3",
+        "-mtune=znver3",
+        "-mavx512vbmi",
+        "-mavx512bf16",
+        "--param=l1-cache-size=48",
+    } <= set(only_zen)
+    assert set(only_cascade_lake) == {"-march=cascadelake", "-mtune=cascadelake", "--param=l1-cache-size=32"}
+    with pytest.raises(ToolchainMismatchError, match="cpu_target"):
+        there.require_same(here)
+    assert _toolchain(cpu_target=target_of(GCC_ZEN)).key() == here.key()
+
+
+def test_a_compiler_that_cannot_say_gives_no_target(monkeypatch):
+    from warmup.machine import native_target
+
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    assert native_target() is None
+
+
+def test_this_machines_toolchain_records_what_its_kernels_are_built_for():
+    from warmup import layout, machine
+
+    toolchain = current_toolchain("inductor", "cpu")
+    assert layout.command_line_native_flags() == ("-march=native",)  # torch 2.13 on x86 and most ARM
+    assert toolchain.cpu_target == machine.native_target(("-march=native",))
+    assert toolchain.cpu_target and any(option.startswith("-march=") for option in toolchain.cpu_target)
+    assert "-march=native" not in toolchain.cpu_target
+
+
+def test_a_pod_resolves_its_cpu_target_with_the_flags_the_images_memo_recorded(tmp_path, monkeypatch):
+    """The image's memo knows this install, not this machine: the pod's CPU target is what its compiler
+    makes of the native flags the memo recorded from Inductor's command line; none recorded (a target named
+    with TORCHINDUCTOR_CPP_MARCH), none predicted; a compiler that cannot say leaves the toolchain to be
+    computed."""
+    from warmup import machine
+    from warmup.toolchain import BUILD_FIELDS, IMAGE_MEMO_FORMAT, _facts_key, image_memo_toolchain
+
+    memo = tmp_path / "toolchain.json"
+    monkeypatch.setenv("WARMUP_TOOLCHAIN_MEMO", str(memo))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(
+        machine, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw"})
+    )
+    targets = {("-march=native",): machine.target_of(GCC_CASCADE_LAKE)}
+    monkeypatch.setattr(machine, "native_target", lambda flags=("-march=native",): targets.get(tuple(flags)))
+    build = {"install": "the image's"}
+    software = {
+        name: value for name, value in _toolchain().model_dump(mode="json").items() if name in BUILD_FIELDS
+    }
+
+    def predicted(native_flags: list[str]) -> Toolchain | None:
+        entry = {"facts": software, "isa_table": AMX_TABLE, "native_flags": native_flags}
+        memo.write_text(
+            json.dumps({"format": IMAGE_MEMO_FORMAT, "builds": {_facts_key(build): entry}, "exact": {}})
+        )
+        found = image_memo_toolchain(build, {"machine": "unseen"}, 1)
+        assert found is None or found[1] == "predicted"
+        return found[0] if found else None
+
+    pod = predicted(["-march=native"])
+    assert pod is not None and pod.cpu_isa == "avx512" and pod.cpu_target == targets[("-march=native",)]
+    assert pod.diff(_toolchain(num_threads=2, cpu_target=machine.target_of(GCC_CASCADE_LAKE))) == {}
+    named = predicted([])
+    assert named is not None and named.cpu_target is None
+    assert predicted(["-mcpu=native"]) is None  # the compiler cannot say: computed, never guessed
