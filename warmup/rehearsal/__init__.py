@@ -24,7 +24,9 @@ How it works:
   runs alone. A run that stops making progress for `timeout_s` is killed. A multi-process job's
   run goes under `torchrun` with the fewest processes whose ranks compile what the job's ranks
   compile (2 for a job of any size, more only for GRPO/RLOO's generation groups; see warmup/planner/topology.py),
-  each with the job's per-rank config and thread count (gloo on CPU).
+  each with the job's per-rank config and thread count (gloo on CPU). A job whose launcher shards the
+  model (FSDP, DeepSpeed ZeRO) runs under that launcher instead, `accelerate launch` with the job's
+  config file and keys (warmup/planner/sharding.py says with how many processes; docs/multi-node.md why).
 - Each signature's entry is every artifact file of its run's cache directory: self-contained, and
   the same files for every signature of the run (the blob store keeps them once); rehearse one
   signature per call for the smallest entries. If a run of several units fails, its files are

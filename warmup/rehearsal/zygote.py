@@ -4,7 +4,8 @@
 caller (a worker with its heartbeat thread and database connections, or the CLI) never forks
 itself. Here, after the heavy imports, each run happens in a forked child: it starts with torch,
 transformers and TRL already imported (their import is paid once) and with nothing compiled. A
-multi-process job's run goes under `torchrun` instead (fork cannot start ranks).
+multi-process job's run goes under `torchrun` instead (fork cannot start ranks), a sharded job's under its
+own `accelerate launch` (the same FSDP / DeepSpeed environment as its ranks).
 
 Train units are grouped into one run when there are several: one train() whose step k produces
 unit k, in one cache directory, exactly as a cold training run compiles them (the first compile in
@@ -65,7 +66,7 @@ class Running:
     units: list[Any]
     timeout_s: float
     pid: int | None = None  # forked child
-    process: subprocess.Popen[bytes] | None = None  # torchrun or plain subprocess
+    process: subprocess.Popen[bytes] | None = None  # torchrun, accelerate launch or plain subprocess
     started: float = field(default_factory=time.monotonic)
     last_progress: float = field(default_factory=time.monotonic)
     steps_done: int = 0
