@@ -68,3 +68,19 @@ def test_unknown_phases_and_mismatched_backends_are_refused_before_any_work(tmp_
     with pytest.raises(SpecError, match=r"target\.device"):
         run_selftest("neuron", "cpu", work_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_report_alone_reaches_stdout_what_libraries_print_goes_to_stderr(monkeypatch, capsys, tmp_path):
+    # DeepSpeed, when installed, logs to stdout on import, which happens while the jobs run
+    import warmup.selftest
+    from warmup.cli import main
+
+    def noisy_run(*args, **kwargs):
+        print("[WARNING] Setting accelerator to CPU.")
+        return warmup.selftest.SelftestReport("inductor", "cpu", "inductor/cpu", tmp_path, [], 1.0)
+
+    monkeypatch.setattr(warmup.selftest, "run_selftest", noisy_run)
+    main(["selftest", "--backend", "inductor", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert "Setting accelerator" in err
+    assert "Setting accelerator" not in out and out.startswith("phase")

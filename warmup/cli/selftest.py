@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
@@ -51,15 +52,18 @@ def cmd_selftest(ns: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"[{format_duration(time.monotonic() - start)}] {line}", file=sys.stderr, flush=True)
 
-    report = run_selftest(
-        ns.backend,
-        ns.device,
-        phases=ns.phases,
-        work_dir=ns.work_dir,
-        keep=ns.keep,
-        timeout_s=ns.timeout,
-        on_line=progress,
-    )
+    # stdout carries the report alone: what the libraries print while the jobs run (DeepSpeed, when
+    # installed, logs to stdout on import) goes to stderr with the progress lines.
+    with contextlib.redirect_stdout(sys.stderr):
+        report = run_selftest(
+            ns.backend,
+            ns.device,
+            phases=ns.phases,
+            work_dir=ns.work_dir,
+            keep=ns.keep,
+            timeout_s=ns.timeout,
+            on_line=progress,
+        )
     print(format_report(report))
     return 0 if report.passed else 1
 
