@@ -104,7 +104,7 @@ def train(job: Job, cache: Path, out: Path) -> dict[str, Any]:
     done = subprocess.run(command, capture_output=True, text=True, env=_env())
     end = time.time()
     if done.returncode != 0:
-        raise SystemExit(f"training job failed:\n{done.stderr[-4000:]}")
+        raise SystemExit(f"training job failed:\n{done.stderr[-20000:]}")
     report = json.loads(out.read_text())
     report.update(popen=start, exit=end)
     return report

@@ -29,6 +29,7 @@ from warmup.artifacts import MANIFEST_NAME
 from warmup.backends import Backend, CompileCounter, FreshCompiles, get_backend, recompile_limits
 from warmup.errors import NotWarmedError, SpecError, ToolchainMismatchError
 from warmup.spec import Spec, load_spec
+from warmup.trace_skip import TraceSkip, enable
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Activation:
     plan_size: int
     recompile_limit: int
     counter: CompileCounter = field(repr=False)
+    trace_skip: TraceSkip | None = None  # warmed calls served without Dynamo's trace (Inductor)
 
     def fresh_compiles(self) -> FreshCompiles:
         """The compiles this process did since activation (cache misses and new cache files)."""
@@ -85,6 +87,8 @@ def activate(
         # vLLM's own compile cache, where a colocate rehearsal put it (unverified: see docs/compile-caches.md)
         env = {**env, "VLLM_CACHE_ROOT": str(cache / "vllm")}
         os.environ["VLLM_CACHE_ROOT"] = env["VLLM_CACHE_ROOT"]
+    # before the trainer is built: accelerate's torch.compile gets the artifacts made for its model
+    trace = enable(cache) if backend.name == "inductor" else None
     return Activation(
         backend=backend,
         cache_dir=cache,
@@ -92,6 +96,7 @@ def activate(
         plan_size=size,
         recompile_limit=recompile_limits(size)[0],
         counter=counter,
+        trace_skip=trace,
     )
 
 

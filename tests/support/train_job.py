@@ -254,12 +254,22 @@ def main(argv: list[str] | None = None) -> int:
         "shapes": shapes,
         "distributed_type": str(trainer.accelerator.distributed_type.value),  # FSDP, DEEPSPEED, MULTI_CPU, NO
         "dynamo_compile_seconds": calculate_time_spent().get("total_wall_time", 0.0),
+        "trace_skip": None
+        if activation is None or activation.trace_skip is None
+        else {
+            "hits": activation.trace_skip.hits,
+            "misses": activation.trace_skip.misses,
+            "loaded": activation.trace_skip.loaded,
+            "refused": activation.trace_skip.refused,
+            "off": activation.trace_skip.off,
+            "load_seconds": activation.trace_skip.load_seconds,
+        },
         "fresh_compiles": None
         if fresh is None
         else {**dict(fresh.counts), "new_files": list(fresh.new_files)},
         "counters": {
             group: dict(counters[group])
-            for group in ("inductor", "aot_autograd", "stats")
+            for group in ("inductor", "aot_autograd", "stats", "frames")
             if group in counters
         },
     }

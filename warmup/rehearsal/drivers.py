@@ -50,6 +50,7 @@ from warmup.rehearsal.data import (
 )
 from warmup.rehearsal.units import RehearsalUnit
 from warmup.spec import Spec
+from warmup.trace_skip import start_recording
 from warmup.trl_args import config_class
 from warmup.trl_config import read_trl_args
 
@@ -144,6 +145,8 @@ def run(job: RunJob, progress: Path | None = None) -> dict[str, Any]:
     # Before anything compiles: the same settings warmup.activate() applies in a training process.
     backend.configure_process(job.cache_dir, job.plan_size)
     counter = backend.counter(job.cache_dir)
+    # Inductor on one process: each compiled call is also kept traced (warmup/trace_skip.py)
+    recorder = start_recording() if backend.name == "inductor" and _world_size() == 1 else None
     use_weights_from_config()
     trainer, observed = build_trainer(job)
     steps = StepAccounts(job, trainer, observed, progress)
@@ -169,9 +172,11 @@ def run(job: RunJob, progress: Path | None = None) -> dict[str, Any]:
             },
         }
     fresh = counter.fresh()
+    trace = [] if recorder is None else recorder.capture(job.cache_dir, exact=job.spec.target.device == "cpu")
     return {
         "status": "ok",
         "units": units,
+        "trace": [dataclasses.asdict(outcome) for outcome in trace],
         "compile_seconds": round(dynamo_compile_seconds(), 3),
         "run_seconds": round(time.perf_counter() - start, 3),
         "fresh_compiles": {**dict(fresh.counts), "new_files": len(fresh.new_files)},

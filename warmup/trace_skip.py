@@ -1,0 +1,597 @@
+"""Trace skip: a warmed training process runs Dynamo's output for a warmed call without tracing it.
+
+A warmed Inductor cache spares the backend compile, but every new process still traces each graph with
+Dynamo and runs AOTAutograd again before it finds the cached kernels. torch 2.13's `aot_compile` keeps
+what those two steps produce (the guards, the transformed bytecode and the AOTAutograd-wrapped
+Inductor graph, forward and backward) in one file, and `torch.compiler.load_compiled_function` loads it
+without tracing (docs/compile-caches.md, "Skipping the trace", says why this mechanism and not
+`caching_precompile` or the Mega-Cache).
+
+`aot_compile` needs one graph without breaks, and TRL's forwards break: its fused LM head is an
+`autograd.Function` Dynamo cannot trace. The backbone (`model.base_model`, the decoder stack: nearly
+all of the trace) has no break. So when accelerate wraps a model in `torch.compile`, its backbone's
+`forward` becomes a call Dynamo does not enter, which runs the backbone compiled on its own (a
+full graph, with the job's backend and mode) or, in a warmed process, its loaded artifact; Dynamo traces
+the rest (the LM head and the loss) as before, and the warmed Inductor cache serves those graphs. The
+rehearsal and the training process split the same way (the rehearsal leaves `trace/split.json` to say
+so), so the graphs and their cache keys are the same in both.
+
+The rehearsal (`Recorder`) notes the first backbone call per input signature and, after training,
+compiles each ahead of time, saves it under `trace/` in the run's cache directory (ordinary files:
+the entry, the store, pull and relocation carry them as any other), and keeps it only if, loaded back,
+its outputs and gradients on the rehearsal batch equal a fresh compile's (bit for bit on CPU).
+
+A training process (`enable`, from `warmup.activate` or the sitecustomize of `warmup exec`) loads the
+artifacts made for the backbone's class and config when accelerate compiles the model; each call runs
+the first artifact whose guards (torch's own: shapes, strides, dtypes, `requires_grad`, grad mode,
+train/eval, the config values the graph read) accept it, else the backbone compiled by Dynamo (a
+miss: traced, served by the Inductor cache). The guards that cannot be serialised (object identities,
+closures of the decorators around `forward`) are left out, so each artifact also carries a digest of
+the model's config and is refused for a model whose config differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import io
+import json
+import logging
+import os
+import re
+import time
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+TRACE_DIR = "trace"
+FORMAT = 1
+# WARMUP_TRACE_SKIP=0 turns it off in a training process (and its capture in a rehearsal).
+ENV_VAR = "WARMUP_TRACE_SKIP"
+# Config keys that name where a model came from, not what it computes; `use_cache` is read (and guarded)
+# by the graph itself, and the trainer flips it after the model is built.
+COSMETIC_CONFIG_KEYS = frozenset(
+    {
+        "_name_or_path",
+        "transformers_version",
+        "_commit_hash",
+        "architectures",
+        "use_cache",
+        "dtype",
+        "torch_dtype",
+    }
+)
+
+
+def unavailable_reason() -> str | None:
+    """Why this process cannot skip the trace (None: it can): the switch, or torch lacking the mechanism."""
+    if os.environ.get(ENV_VAR, "1") == "0":
+        return f"{ENV_VAR}=0"
+    try:
+        import torch
+        import torch._dynamo.aot_compile
+    except ImportError:
+        return "this torch has no torch._dynamo.aot_compile (it came in 2.9's successors; 2.13 has it)"
+    if not hasattr(torch.compiler, "load_compiled_function"):
+        return f"torch {torch.__version__} has no torch.compiler.load_compiled_function"
+    return None
+
+
+# --- what an artifact is for -----------------------------------------------------------------------
+
+
+def config_digest(module: Any) -> str:
+    """The model's class and config, as far as they can change a graph (a guard the artifact cannot hold)."""
+    config = getattr(module, "config", None)
+    values: dict[str, Any] = {}
+    if config is not None and hasattr(config, "to_dict"):
+        values = {k: v for k, v in config.to_dict().items() if k not in COSMETIC_CONFIG_KEYS}
+    cls = type(module)
+    text = json.dumps(
+        {"class": f"{cls.__module__}.{cls.__qualname__}", "config": values}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def describe_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A call's input signature: what a graph specialises on among the arguments, with grad mode and mode."""
+    import torch
+
+    def one(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            shape = "x".join(str(s) for s in value.shape)
+            return f"{value.dtype}[{shape}]{'g' if value.requires_grad else ''}@{value.device}"
+        if value is None or isinstance(value, bool | int | float | str):
+            return repr(value)
+        return type(value).__qualname__
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    grad = "grad" if torch.is_grad_enabled() else "no_grad"
+    return f"{'train' if module.training else 'eval'};{grad};" + ",".join(parts)
+
+
+def is_plain(module: Any) -> bool:
+    """Whether calling the module is calling its `forward` (no hooks, no custom `__call__`): the artifact
+    holds `forward` only, so a module with hooks goes through Dynamo, which traces the hooks too."""
+    import torch
+
+    hooks = torch.nn.modules.module
+    return not (
+        module._forward_pre_hooks
+        or module._forward_hooks
+        or module._backward_pre_hooks
+        or module._backward_hooks
+        or hooks._global_forward_pre_hooks
+        or hooks._global_forward_hooks
+        or hooks._global_backward_pre_hooks
+        or hooks._global_backward_hooks
+        or type(module).__call__ is not torch.nn.Module.__call__
+    )
+
+
+def guard_filter(closure_names: frozenset[str]) -> Callable[[Any], list[bool]]:
+    """Dynamo's guards worth saving: those on the call's arguments (the module, its parameters and config, the
+    batch) and the global state (grad mode, autocast, determinism), less the kinds torch cannot serialise.
+    Dropped: guards on the closure cells of the decorators around `forward` (`closure_names`) and on module
+    globals: the same code under the same toolchain; the config digest covers the model."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+
+    def keep(entries: Any) -> list[bool]:
+        kept = []
+        for entry in entries:
+            root = re.split(r"[.\[]", entry.name, maxsplit=1)[0]
+            kinds = {entry.guard_type, *entry.derived_guard_types}
+            kept.append(root not in closure_names and not entry.is_global and not kinds & unsupported)
+        return kept
+
+    return keep
+
+
+def hidden_functions(module: Any) -> dict[str, Any]:
+    """Functions the artifact refers to that pickle cannot find by name: the undecorated `forward` inside the
+    decorators transformers puts around it. They travel as `external_data`, found again the same way."""
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+    todo: list[Any] = [type(module).forward]
+    while todo:
+        fn = todo.pop()
+        if isinstance(fn, types.MethodType):
+            fn = fn.__func__
+        if not isinstance(fn, types.FunctionType) or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if "<locals>" not in fn.__qualname__ and _by_name(fn) is not fn:
+            found[f"{fn.__module__}.{fn.__qualname__}:{fn.__code__.co_firstlineno}"] = fn
+        todo.extend(c.cell_contents for c in fn.__closure__ or () if _filled(c))
+        if hasattr(fn, "__wrapped__"):
+            todo.append(fn.__wrapped__)
+    return found
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def _by_name(fn: types.FunctionType) -> Any:
+    obj: Any = importlib.import_module(fn.__module__)
+    for part in fn.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+# --- the split: the backbone compiled on its own --------------------------------------------------------
+
+SPLIT_MARKER = "split.json"
+
+
+def backbone_of(model: Any) -> Any:
+    """The module whose forward is traced ahead of time: the model's backbone (`base_model`, the decoder
+    stack), None when the model has none or it is not a plain module."""
+    import torch
+
+    backbone = getattr(model, "base_model", None)
+    if not isinstance(backbone, torch.nn.Module) or backbone is model or not is_plain(backbone):
+        return None
+    if not isinstance(getattr(type(backbone), "forward", None), types.FunctionType):
+        return None
+    return backbone
+
+
+@dataclass
+class Split:
+    """A backbone whose forward Dynamo does not enter: it runs `serve` (artifacts) or else `compiled`."""
+
+    module: Any
+    backend: Any
+    dynamic: bool | None
+    compiled: Callable[..., Any]
+
+
+Serve = Callable[[Split, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def split_backbone(optimized: Any, serve: Serve) -> Split | None:
+    """Make the backbone of the model accelerate just compiled a call Dynamo does not trace into: `serve`
+    runs it (from an artifact, or recording the call), falling back to the backbone compiled on its own by
+    Dynamo with the model's backend, mode and shape policy."""
+    import torch
+    from torch._dynamo.eval_frame import innermost_backend
+
+    backbone = backbone_of(optimized._orig_mod)
+    if backbone is None:
+        return None
+    ctx = optimized.dynamo_ctx
+    backend = innermost_backend(ctx.callback)
+    compiled = torch._dynamo.optimize(backend=backend, dynamic=ctx._dynamic)(backbone.forward)
+    split = Split(backbone, backend, ctx._dynamic, compiled)
+
+    @torch._dynamo.disable  # type: ignore[untyped-decorator]
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return serve(split, args, kwargs)
+
+    backbone.forward = forward
+    return split
+
+
+def _on_compiled_module(hook: Callable[[Any], None]) -> None:
+    """Run `hook` on every OptimizedModule made from now on (accelerate wraps the model in torch.compile
+    while the trainer is built), once torch has set it up."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    _HOOKS.append(hook)
+    if getattr(OptimizedModule._initialize, "_warmup_hooks", None) is not None:
+        return
+    original = OptimizedModule._initialize
+
+    def _initialize(self: Any) -> None:
+        original(self)
+        for each in list(_HOOKS):
+            each(self)
+
+    _initialize._warmup_hooks = _HOOKS  # type: ignore[attr-defined]
+    OptimizedModule._initialize = _initialize
+
+
+_HOOKS: list[Callable[[Any], None]] = []
+
+
+# --- capture (the rehearsal) -----------------------------------------------------------------------
+
+
+@dataclass
+class RecordedCall:
+    split: Split
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    grad: bool
+    training: bool
+    description: str
+
+
+@dataclass(frozen=True)
+class CaptureOutcome:
+    """One recorded call: stored under `path` (relative to the cache dir), or not, and why."""
+
+    description: str
+    stored: bool
+    path: str = ""
+    reason: str = ""
+    seconds: float = 0.0
+
+
+class Recorder:
+    """Splits every compiled model's backbone and records its first call per input signature; `capture`
+    then compiles, saves and checks an artifact for each."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, RecordedCall] = {}
+        self.splits = 0
+
+    def wrap(self, optimized: Any) -> None:
+        if split_backbone(optimized, self.serve) is not None:
+            self.splits += 1
+
+    def serve(self, split: Split, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        import torch
+
+        description = describe_call(split.module, args, kwargs)
+        if description not in self.calls:
+            grad, training = torch.is_grad_enabled(), split.module.training
+            self.calls[description] = RecordedCall(
+                split, _detached(args), _detached(kwargs), grad, training, description
+            )
+        return split.compiled(*args, **kwargs)
+
+    def capture(self, cache_dir: str | os.PathLike[str], *, exact: bool = True) -> list[CaptureOutcome]:
+        """Compile, save and check an artifact for every recorded call; an artifact that fails to compile,
+        to save, to load or the numeric check is removed, the others are kept. Leaves the split marker
+        when a backbone was split (the training process must split it too, artifacts or not)."""
+        if not self.splits:
+            return []
+        folder = Path(cache_dir) / TRACE_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / SPLIT_MARKER).write_text(json.dumps({"format": FORMAT, "split": "base_model"}) + "\n")
+        return [capture_call(call, Path(cache_dir), exact=exact) for call in self.calls.values()]
+
+
+def _detached(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().requires_grad_(value.requires_grad)
+    if isinstance(value, tuple):
+        return tuple(_detached(v) for v in value)
+    if isinstance(value, list):
+        return [_detached(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    return value
+
+
+def start_recording() -> Recorder | None:
+    """In a rehearsal, before the trainer is built: split and record (None, with the reason logged once,
+    when this torch cannot skip the trace)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        log.warning("trace skip: not captured (%s); the entry holds today's caches only", reason)
+        return None
+    recorder = Recorder()
+    _on_compiled_module(recorder.wrap)
+    return recorder
+
+
+def artifact_name(digest: str, description: str) -> str:
+    return hashlib.sha256(f"{FORMAT};{digest};{description}".encode()).hexdigest()[:32]
+
+
+def capture_call(call: RecordedCall, cache_dir: Path, *, exact: bool = True) -> CaptureOutcome:
+    import torch
+
+    module = call.split.module
+    digest = config_digest(module)
+    name = artifact_name(digest, call.description)
+    folder = cache_dir / TRACE_DIR
+    path, meta = folder / f"{name}.aot", folder / f"{name}.json"
+    start = time.perf_counter()
+    try:
+        aot = compile_call(call)
+        aot.save_compiled_function(str(path), external_data=hidden_functions(module))
+        loaded = load_artifact(path.read_bytes(), module)
+        problem = compare(call, loaded, exact=exact)
+    except Exception as error:  # the mechanism is experimental: any failure is a refusal, not a crash
+        problem = f"{type(error).__name__}: {error}"[:500]
+    seconds = time.perf_counter() - start
+    if problem is not None:
+        path.unlink(missing_ok=True)
+        return CaptureOutcome(call.description, False, reason=problem, seconds=seconds)
+    cls = type(module)
+    record = {
+        "format": FORMAT,
+        "module": f"{cls.__module__}.{cls.__qualname__}",
+        "config": digest,
+        "call": call.description,
+        "torch": torch.__version__,
+        "check": "bitwise" if exact else "tolerance",
+    }
+    meta.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return CaptureOutcome(call.description, True, path=f"{TRACE_DIR}/{name}.aot", seconds=seconds)
+
+
+def compile_call(call: RecordedCall) -> Any:
+    """torch's aot_compile of the backbone's forward on the recorded call, with the model's backend."""
+    import torch
+
+    module = call.split.module
+    forward = type(module).forward
+    closure = frozenset(getattr(getattr(forward, "__code__", None), "co_freevars", ()))
+    # torch 2.13 pickles a parameter's .grad into the guards unreadably: compile with none set
+    module.zero_grad(set_to_none=True)
+    module.train(call.training)
+    with torch.set_grad_enabled(call.grad):
+        compiled = torch._dynamo.optimize(
+            backend=call.split.backend,
+            nopython=True,
+            dynamic=call.split.dynamic,
+            guard_filter_fn=guard_filter(closure),
+        )(types.MethodType(forward, module))
+        aot = compiled.aot_compile((call.args, call.kwargs))
+    # Globals the transformed bytecode loads but torch does not save with it (modules Dynamo installed
+    # under generated names): saved by value, as torch saves the graph's own globals.
+    env = aot._artifacts.runtime_env
+    missing = (
+        env.external_refs - env.used_globals.keys() - env.import_sources.keys() - {aot._artifacts.backend_id}
+    )
+    for ref in missing:
+        value = (aot._extra_globals or {}).get(ref)
+        if not isinstance(value, types.ModuleType):
+            raise RuntimeError(f"the compiled code needs global {ref!r}, which cannot be saved")
+        env.used_globals[ref] = value
+    return aot
+
+
+def load_artifact(data: bytes, module: Any) -> Any:
+    import torch
+
+    loaded = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=hidden_functions(module))
+    loaded.disable_guard_check()  # the dispatcher checks the guards itself, once
+    return loaded
+
+
+def compare(call: RecordedCall, loaded: Any, *, exact: bool) -> str | None:
+    """None when the loaded artifact's outputs and gradients on the recorded call equal a fresh compile's
+    (the backbone compiled by Dynamo); else what differs."""
+    module = call.split.module
+    if not loaded.guard_check(module, *call.args, **call.kwargs):
+        return "the artifact's guards refuse the very call it was compiled for"
+    fresh = _run(call, lambda: call.split.compiled(*call.args, **call.kwargs))
+    again = _run(call, lambda: loaded(module, *call.args, **call.kwargs))
+    return _differences(fresh, again, exact=exact)
+
+
+def _run(call: RecordedCall, fn: Callable[[], Any]) -> list[Any]:
+    """The call's output tensors and, when it has a graph to differentiate, every parameter's gradient of
+    the loss (or of the sum of the outputs, for a module whose loss is computed outside)."""
+    import torch
+
+    module = call.split.module
+    module.zero_grad(set_to_none=True)
+    module.train(call.training)
+    torch.manual_seed(0)
+    with torch.set_grad_enabled(call.grad):
+        out = fn()
+    tensors = [t for t in _tensors(out) if isinstance(t, torch.Tensor)]
+    results: list[Any] = [t.detach().clone() for t in tensors]
+    differentiable = [t for t in tensors if t.requires_grad and t.is_floating_point()]
+    if differentiable:
+        loss = getattr(out, "loss", None)
+        scalar = loss if isinstance(loss, torch.Tensor) else sum(t.float().sum() for t in differentiable)
+        scalar.backward()
+        results += [p.grad.detach().clone() if p.grad is not None else None for p in module.parameters()]
+    module.zero_grad(set_to_none=True)
+    return results
+
+
+def _tensors(value: Any) -> Iterator[Any]:
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, tuple | list):
+        for item in value:
+            yield from _tensors(item)
+    else:
+        yield value
+
+
+def _differences(fresh: list[Any], loaded: list[Any], *, exact: bool) -> str | None:
+    import torch
+
+    if len(fresh) != len(loaded):
+        return f"the artifact gives {len(loaded)} outputs and gradients, a fresh compile {len(fresh)}"
+    for index, (a, b) in enumerate(zip(fresh, loaded, strict=True)):
+        if a is None or b is None:
+            if a is not b:
+                return f"value {index}: a gradient is missing on one side"
+            continue
+        same = (
+            torch.equal(a, b) if exact else a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+        )
+        if not same:
+            return f"value {index} differs from a fresh compile's ({'bitwise' if exact else 'rtol 1e-4'})"
+    return None
+
+
+# --- load (the training process) ---------------------------------------------------------------------
+
+
+@dataclass
+class TraceSkip:
+    """What the trace skip did in this process: artifacts loaded, refused (and why), calls served."""
+
+    cache_dir: Path
+    available: int = 0
+    loaded: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    hits: int = 0
+    misses: int = 0
+    load_seconds: float = 0.0
+    off: str | None = None
+    _functions: dict[int, list[Any]] = field(default_factory=dict, repr=False)
+
+    def refuse(self, reason: str, count: int = 1) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + count
+
+    def describe(self) -> str:
+        if self.off is not None:
+            return f"trace skip off ({self.off})"
+        text = f"trace skip: {self.hits} call(s) served without tracing, {self.misses} traced"
+        text += f"; {self.loaded} of {self.available} artifact(s) loaded in {self.load_seconds:.2f} s"
+        if self.refused:
+            text += "; refused: " + ", ".join(f"{n} {why}" for why, n in sorted(self.refused.items()))
+        return text
+
+    def wrap(self, optimized: Any) -> None:
+        """Split a freshly compiled model's backbone as the rehearsal did, and load the artifacts made for
+        its class and config (before the first forward)."""
+        split = split_backbone(optimized, self.serve)
+        if split is None:
+            return
+        module = split.module
+        cls = type(module)
+        mine = [r for r in self.records() if r[1]["module"] == f"{cls.__module__}.{cls.__qualname__}"]
+        digest = config_digest(module)
+        functions = []
+        start = time.perf_counter()
+        for path, record in mine:
+            if record["config"] != digest:
+                self.refuse("for another model config")
+                continue
+            try:
+                functions.append(load_artifact(path.read_bytes(), module))
+            except Exception as error:  # an artifact that does not load is a miss, never a crash
+                self.refuse(f"not loadable ({type(error).__name__})")
+                continue
+            self.loaded += 1
+        self.load_seconds += time.perf_counter() - start
+        self._functions[id(module)] = functions
+
+    def serve(self, split: Split, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        module = split.module
+        if is_plain(module):
+            for fn in self._functions.get(id(module), ()):
+                if fn.guard_check(module, *args, **kwargs):
+                    self.hits += 1
+                    return fn(module, *args, **kwargs)
+        self.misses += 1
+        return split.compiled(*args, **kwargs)
+
+    def records(self) -> list[tuple[Path, dict[str, Any]]]:
+        found = []
+        for meta in sorted((self.cache_dir / TRACE_DIR).glob("*.json")):
+            with contextlib.suppress(OSError, json.JSONDecodeError):
+                record = json.loads(meta.read_text())
+                if record.get("format") == FORMAT and meta.with_suffix(".aot").is_file():
+                    found.append((meta.with_suffix(".aot"), record))
+        return found
+
+
+_ACTIVE: list[TraceSkip] = []
+
+
+def enable(cache_dir: str | os.PathLike[str]) -> TraceSkip:
+    """In a training process, before the trainer is built: split the backbones as the rehearsal did and
+    serve warmed calls from the artifacts in `cache_dir`/trace. Says once, naming the reason, when it
+    cannot (the Inductor caches still serve every graph)."""
+    cache = Path(cache_dir)
+    for state in _ACTIVE:
+        if state.cache_dir == cache:
+            return state
+    state = TraceSkip(cache)
+    state.available = len(state.records())
+    if not (cache / TRACE_DIR / SPLIT_MARKER).is_file():
+        state.off = "the cache was warmed without it"
+    else:
+        state.off = unavailable_reason()
+    if state.off is not None:
+        log.warning(
+            "trace skip off: %s; Dynamo traces every graph, the warmed Inductor cache serves it", state.off
+        )
+        return state
+    _on_compiled_module(state.wrap)
+    _ACTIVE.append(state)
+    return state
+
+
+def active() -> TraceSkip | None:
+    """The trace skip this process enabled, if any."""
+    return _ACTIVE[0] if _ACTIVE else None
