@@ -106,6 +106,9 @@ class WarmupCallback(TrainerCallback):
         self._shapes_at_step_start = 0
         self._timed_steps = 0
         self._timed_seconds = 0.0
+        self._first_step_s: float | None = (
+            None  # the first step's wall time: where compiles (or loads) happen
+        )
         self._counter: Any = None
         self._hooks: list[Any] = []
         self._watching_ref = False
@@ -174,6 +177,8 @@ class WarmupCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._step = int(getattr(state, "global_step", self._step + 1))
+        if self._step_started is not None and self._first_step_s is None:
+            self._first_step_s = time.perf_counter() - self._step_started
         if self._step_started is not None and len(self._met) == self._shapes_at_step_start:
             self._timed_steps += 1
             self._timed_seconds += time.perf_counter() - self._step_started
@@ -456,6 +461,9 @@ class WarmupCallback(TrainerCallback):
             details["fresh"] = {name: count for name, count in fresh.counts.items() if count}
             details["new_files"] = len(fresh.new_files)
             details["new_files_first"] = list(fresh.new_files[:MAX_LISTED_FILES])
+        from warmup.trace_skip import compile_timings  # Dynamo's timers: any torch.compile backend
+
+        details["timings"] = compile_timings(self._first_step_s)
         if self._timed_steps:
             details["timed_steps"] = {"count": self._timed_steps, "seconds": round(self._timed_seconds, 6)}
         if self._why:
@@ -527,6 +535,10 @@ class WarmupCallback(TrainerCallback):
             f"trl-warmup: {status}: met {len(body['met'])} signature(s), {warm} warm, "
             f"{len(body['missed'])} missed, {body['fresh_compiles']} fresh compile(s)"
         )
+        if "timings" in body["details"]:
+            from warmup.trace_skip import describe_timings
+
+            summary += f"; {describe_timings(body['details']['timings'])}"
         if not self.server:
             log.warning("%s; no server to report to (set WARMUP_SERVER)", summary)
             return None

@@ -97,6 +97,9 @@ class PhaseResult:
     fresh: dict[str, int] = dataclasses.field(default_factory=dict)
     warm_seconds: float = 0.0  # the job's, shared by the phases it proves
     train_seconds: float = 0.0
+    # Dynamo's trace time in the warmed training process (what the backend's caches cannot spare; on
+    # TorchNeuron every phase is traced again before its NEFF is found); None: not measured
+    trace_seconds: float | None = None
 
     @property
     def fresh_total(self) -> int:
@@ -206,11 +209,13 @@ class JobRun:
     failure: str = ""  # why the job could not be judged (the warm-up or the training process failed)
     fresh: dict[str, int] = dataclasses.field(default_factory=dict)
     met: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)  # (phase, batch, seq_len)
+    trace_seconds: float | None = None
 
     def judge(self, phase: str, signature_phases: tuple[str, ...], backend: str) -> PhaseResult:
         judged = [s for s in self.signatures if s.phase in signature_phases]
         result = PhaseResult(phase, self.trainer, [s.shape_label for s in judged])
         result.warm_seconds, result.train_seconds = self.warm_seconds, self.train_seconds
+        result.trace_seconds = self.trace_seconds
         if self.failure:
             result.detail = self.failure
             return result
@@ -265,6 +270,8 @@ def _run_job(
         return run
     run.fresh = {name: int(count) for name, count in outcome["fresh"].items()}
     run.met = {tuple(shape) for shape in outcome["met"]}
+    timings = outcome.get("timings") or {}
+    run.trace_seconds = timings.get("trace_s")
     return run
 
 
@@ -337,7 +344,11 @@ def train_main(argv: list[str]) -> int:
     fresh = activation.fresh_compiles()
     report = callback.last_report or callback.build_report("completed")
     met = [_shape(label) for label in report["details"]["shapes"]]
-    result = {"fresh": {**dict(fresh.counts), "new_files": len(fresh.new_files)}, "met": met}
+    result = {
+        "fresh": {**dict(fresh.counts), "new_files": len(fresh.new_files)},
+        "met": met,
+        "timings": report["details"].get("timings"),
+    }
     Path(out).write_text(json.dumps(result))
     return 0
 
@@ -433,7 +444,7 @@ def format_row(result: PhaseResult) -> str:
 
 def format_report(report: SelftestReport) -> str:
     """The verdict table, then one summary line."""
-    headers = ("phase", "job", "signatures", "met", "fresh compiles", "warm", "train", "verdict")
+    headers = ("phase", "job", "signatures", "met", "fresh compiles", "warm", "train", "trace", "verdict")
     rows = [
         (
             result.phase,
@@ -443,6 +454,7 @@ def format_report(report: SelftestReport) -> str:
             format_fresh(result),
             f"{result.warm_seconds:.1f} s",
             f"{result.train_seconds:.1f} s",
+            "-" if result.trace_seconds is None else f"{result.trace_seconds:.1f} s",
             result.verdict,
         )
         for result in report.phases
@@ -454,7 +466,10 @@ def format_report(report: SelftestReport) -> str:
     ]
     failed = [result.phase for result in report.phases if result.verdict == VERDICT_FAIL]
     took = format_duration(report.seconds)
-    lines.append("(warm and train: the job's, shared by the phases it proves)")
+    lines.append(
+        "(warm and train: the job's, shared by the phases it proves; trace: Dynamo's trace time in the warmed "
+        "training process)"
+    )
     if failed:
         lines.append(f"\nselftest FAILED ({', '.join(failed)}) in {took}; logs in {report.work_dir}")
     else:

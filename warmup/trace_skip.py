@@ -32,6 +32,7 @@ the model's config and is refused for a model whose config differs.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import importlib
@@ -40,6 +41,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -216,6 +218,7 @@ class Split:
     backend: Any
     dynamic: bool | None
     compiled: Callable[..., Any]
+    digest: str = ""  # config_digest(module), taken when the model is compiled
 
 
 Serve = Callable[[Split, tuple[Any, ...], dict[str, Any]], Any]
@@ -234,7 +237,7 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
     ctx = optimized.dynamo_ctx
     backend = innermost_backend(ctx.callback)
     compiled = torch._dynamo.optimize(backend=backend, dynamic=ctx._dynamic)(backbone.forward)
-    split = Split(backbone, backend, ctx._dynamic, compiled)
+    split = Split(backbone, backend, ctx._dynamic, compiled, config_digest(backbone))
 
     @torch._dynamo.disable  # type: ignore[untyped-decorator]
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -264,6 +267,12 @@ def _on_compiled_module(hook: Callable[[Any], None]) -> None:
 
 
 _HOOKS: list[Callable[[Any], None]] = []
+
+
+def remove_hook(hook: Callable[[Any], None]) -> None:
+    """Stop running `hook` on new compiled modules (a recorder or a trace skip done with)."""
+    if hook in _HOOKS:
+        _HOOKS.remove(hook)
 
 
 # --- capture (the rehearsal) -----------------------------------------------------------------------
@@ -306,9 +315,10 @@ class Recorder:
         import torch
 
         description = describe_call(split.module, args, kwargs)
-        if description not in self.calls:
+        key = artifact_name(split.digest, description)
+        if key not in self.calls:
             grad, training = torch.is_grad_enabled(), split.module.training
-            self.calls[description] = RecordedCall(
+            self.calls[key] = RecordedCall(
                 split, _detached(args), _detached(kwargs), grad, training, description
             )
         return split.compiled(*args, **kwargs)
@@ -359,7 +369,7 @@ def capture_call(call: RecordedCall, cache_dir: Path, *, exact: bool = True) -> 
     import torch
 
     module = call.split.module
-    digest = config_digest(module)
+    digest = call.split.digest
     name = artifact_name(digest, call.description)
     folder = cache_dir / TRACE_DIR
     path, meta = folder / f"{name}.aot", folder / f"{name}.json"
@@ -529,7 +539,7 @@ class TraceSkip:
         module = split.module
         cls = type(module)
         mine = [r for r in self.records() if r[1]["module"] == f"{cls.__module__}.{cls.__qualname__}"]
-        digest = config_digest(module)
+        digest = split.digest
         functions = []
         start = time.perf_counter()
         for path, record in mine:
@@ -590,6 +600,57 @@ def enable(cache_dir: str | os.PathLike[str]) -> TraceSkip:
     _on_compiled_module(state.wrap)
     _ACTIVE.append(state)
     return state
+
+
+def enable_when_compiled(cache_dir: str | os.PathLike[str]) -> None:
+    """For `warmup exec`'s processes (its sitecustomize): `enable` at the first torch.compile of a model,
+    once the cache the command starts beside has finished downloading; at exit, where the compile time went."""
+
+    def first(optimized: Any) -> None:
+        from warmup.client.background import wait_for_pull
+
+        remove_hook(first)
+        wait_for_pull()
+        state = enable(cache_dir)
+        if state.off is None:
+            state.wrap(optimized)
+        atexit.register(lambda: print(f"trl-warmup: {describe_timings(compile_timings())}", file=sys.stderr))
+
+    _on_compiled_module(first)
+
+
+def compile_timings(first_step_s: float | None = None) -> dict[str, Any]:
+    """Where this process's compile time went, from torch's own timers: Dynamo's trace (its frames, less
+    the backend inside them), the backend (AOTAutograd and Inductor, or their cache loads, backwards
+    included), the trace artifacts' loading, and the calls they served."""
+    spent: dict[str, float] = {}
+    if "torch._dynamo.utils" in sys.modules:
+        from torch._dynamo.utils import calculate_time_spent
+
+        spent = calculate_time_spent()
+    frames, backend = spent.get("entire_frame_compile", 0.0), spent.get("backend_compile", 0.0)
+    state = active()
+    timings: dict[str, Any] = {
+        "trace_s": round(max(frames - backend, 0.0), 3),
+        "backend_s": round(backend + spent.get("entire_backward_compile", 0.0), 3),
+        "cache_load_s": round(state.load_seconds, 3) if state else 0.0,
+        "served_untraced": state.hits if state else 0,
+        "traced": state.misses if state else None,
+    }
+    if first_step_s is not None:
+        timings["first_step_s"] = round(first_step_s, 3)
+    return timings
+
+
+def describe_timings(timings: dict[str, Any]) -> str:
+    text = (
+        f"trace {timings['trace_s']:.1f} s, backend {timings['backend_s']:.1f} s, "
+        f"cache load {timings['cache_load_s']:.1f} s"
+    )
+    if "first_step_s" in timings:
+        text += f", first step {timings['first_step_s']:.1f} s"
+    state = active()
+    return text + (f"; {state.describe()}" if state else "")
 
 
 def active() -> TraceSkip | None:

@@ -104,6 +104,7 @@ def test_neuron_configure_process_sets_the_environment(tmp_path, monkeypatch):
     for name in (
         "TORCH_NEURONX_NEFF_CACHE_DIR",
         "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR",
+        "TORCH_NEURONX_HLO_CACHE_DIR",
         "NEURON_LOGICAL_NC_CONFIG",
     ):
         monkeypatch.setenv(name, os.environ.get(name, ""))  # restored by monkeypatch afterwards
@@ -111,6 +112,15 @@ def test_neuron_configure_process_sets_the_environment(tmp_path, monkeypatch):
     assert os.environ["NEURON_CC_FLAGS"] == env["NEURON_CC_FLAGS"] == "--model-type=transformer -O1"
     assert Path(env["TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"]).is_dir()
     assert (tmp_path / "neff").is_dir()
+    assert env["TORCH_NEURONX_HLO_CACHE_DIR"] == str((tmp_path / "neff" / "hlo").absolute())
+
+
+def test_neuron_entries_carry_the_hlo_cache_and_the_trace_artifacts(tmp_path):
+    name = "0123456789abcdef0123456789abcdef"
+    good = ["hlo/ab/module.pb", f"trace/{name}.aot", f"trace/{name}.json", "trace/split.json"]
+    for relative in (*good, "hlo/ab/module.pb.lock", "hlo/.module.tmp", "trace/tmpx8f2", "trace/other.aot"):
+        _write(tmp_path, relative)
+    assert [f.path for f in NeuronBackend().collect(tmp_path)] == sorted(good)
 
 
 def test_neuron_collects_only_finished_neffs_at_their_sharded_place(tmp_path):

@@ -13,7 +13,8 @@ When `warmup exec` downloads the cache beside the command (WARMUP_PULL_OUTCOME),
 Dynamo's first compile wait for the download (warmup/client/background.py). Under the canonical kernel
 layout (WARMUP_KERNEL_LAYOUT) a fourth puts it into Inductor as its code cache is imported (warmup/layout.py):
 kernels keyed by the content of torch's and Python's installs, as the warm-up keyed them, and no
-precompiled header built unless a kernel is.
+precompiled header built unless a kernel is. When the cache holds trace artifacts, a fifth makes the models
+torch.compile wraps run them (warmup/trace_skip.py), as `warmup.activate` does.
 
 It then runs the `sitecustomize` that was next on the path, if any, so that an image's own
 customisation still runs. Standard library only, and nothing here may stop the process from starting.
@@ -92,8 +93,20 @@ def _canonical_kernel_layout(module: ModuleType) -> None:
     defer_precompiled_headers(module)  # a training process: kernels come from the cache
 
 
+def _skip_warmed_traces(module: ModuleType) -> None:
+    """A warmed cache with trace artifacts (warmup/trace_skip.py): the first model torch.compile wraps gets
+    them, once the download beside the command is done; WARMUP_TRACE_SKIP=0 turns it off."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not cache or os.environ.get("WARMUP_TRACE_SKIP") == "0" or "WARMUP_SPEC" not in os.environ:
+        return
+    from warmup.trace_skip import enable_when_compiled
+
+    enable_when_compiled(cache)
+
+
 AFTER_IMPORT = {
     TARGET: _raise_limits,
+    "torch._dynamo.eval_frame": _skip_warmed_traces,
     "transformers.trainer": _strict_trainers,
     "torch._dynamo.callback": _wait_for_the_cache,
     "torch._inductor.codecache": _canonical_kernel_layout,

@@ -18,6 +18,13 @@ What it relies on:
 - The cache directory is read once, when the runtime first compiles: `configure_process` must run
   before any Neuron device work.
 
+What of the trace it can skip (docs/compile-caches.md, "Skipping the trace"; unverified on hardware): its
+caches start below Dynamo (the NEFF lookup, keyed by the StableHLO), so a warmed process still traces
+every phase with Dynamo and AOTAutograd and lowers it to StableHLO before the NEFF is found. The HLO
+cache (TORCH_NEURONX_HLO_CACHE_DIR, seen in 2026 code, not in the documentation read) is put inside the
+cache dir, so that it travels with the entry and spares the lowering; the trace itself is skipped as
+under Inductor, by the backbone artifacts of warmup/trace_skip.py, which go under `trace/`.
+
 Fresh compiles are counted from `torch_neuronx._C._get_compilation_cache_stats()` (persistent misses)
 when available, and from `.neff` files appearing in the cache dir.
 """
@@ -37,6 +44,9 @@ from warmup.toolchain import canonical_neuron_cc_flags, neuron_lnc, neuron_targe
 
 NEFF_PATH = re.compile(r"(?P<a>[0-9A-Za-z]{2})/(?P<b>[0-9A-Za-z]{2})/(?P<key>[0-9A-Za-z_\-]+)\.neff")
 DEFAULT_NEFF_CACHE_DIR = "/tmp/neff_cache"
+HLO_CACHE_ENV_VAR = "TORCH_NEURONX_HLO_CACHE_DIR"
+HLO_DIR = "hlo"
+TRACE_FILE = re.compile(r"trace/(?:[0-9a-f]{32}\.(?:aot|json)|split\.json)")
 
 
 class NeuronBackend:
@@ -63,6 +73,8 @@ class NeuronBackend:
             self.lock_env_var: str(self.local_lock_dir(cache_dir)),
             "NEURON_CC_FLAGS": canonical_neuron_cc_flags(os.environ.get("NEURON_CC_FLAGS")),
             "NEURON_LOGICAL_NC_CONFIG": str(neuron_lnc(target)),
+            # the HLO cache inside the cache dir: it travels with the NEFFs (unverified on Trainium)
+            HLO_CACHE_ENV_VAR: str(Path(cache_dir).absolute() / HLO_DIR),
             # transformers already compiles with dynamic=False on Neuron; say it for accelerate too
             "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
         }
@@ -92,7 +104,13 @@ class NeuronBackend:
         return env
 
     def is_artifact(self, relative_path: str) -> bool:
-        """Only finished NEFFs at their sharded place: `<k[0:2]>/<k[2:4]>/<k>.neff`."""
+        """Finished NEFFs at their sharded place (`<k[0:2]>/<k[2:4]>/<k>.neff`), the HLO cache's files (no
+        lock or temp file) and the trace skip's artifacts."""
+        if TRACE_FILE.fullmatch(relative_path):
+            return True
+        if relative_path.startswith(f"{HLO_DIR}/"):
+            name = relative_path.rsplit("/", 1)[-1]
+            return not (name.endswith((".lock", ".tmp", ".partial")) or name.startswith("."))
         match = NEFF_PATH.fullmatch(relative_path)
         if not match:
             return False

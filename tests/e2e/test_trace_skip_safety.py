@@ -1,0 +1,104 @@
+"""The trace skip's safety (warmup/trace_skip.py), in this process with real compiles of the tiny model.
+
+One rehearsal-like recording compiles the backbone of two models that differ in one config field
+(`rms_norm_eps`, a float the graph bakes in and Dynamo's serialisable guards do not hold); each call is
+captured, saved and checked. Then:
+- a model whose config differs in that one field is refused the other's artifact: its call is a miss,
+  served by Dynamo's own compile, never by the wrong graph;
+- the numeric check rejects a tampered artifact: the other model's graph under this model's name loads,
+  passes torch's guards, and gives other numbers than a fresh compile, so it would not be stored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.tiny_model import init_model
+from warmup import trace_skip
+
+
+def _model(directory: Path, eps: float | None = None) -> Any:
+    model = init_model(directory, seed=3)
+    if eps is not None:
+        model.config.rms_norm_eps = eps
+        for module in model.modules():
+            if hasattr(module, "variance_epsilon"):
+                module.variance_epsilon = eps
+    model.config.use_cache = False
+    return model.train()
+
+
+def _batch() -> dict[str, Any]:
+    import torch
+
+    ids = torch.randint(5, 60, (2, 16), generator=torch.Generator().manual_seed(0))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+@pytest.fixture
+def inductor_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    return tmp_path / "inductor"
+
+
+def test_an_artifact_is_refused_for_another_config_and_a_tampered_one_fails_the_check(
+    tiny_model_dir, tmp_path, inductor_dir
+):
+    import torch
+
+    assert trace_skip.unavailable_reason() is None
+    recorder = trace_skip.start_recording()
+    assert recorder is not None
+    try:
+        plain, other = _model(tiny_model_dir), _model(tiny_model_dir, eps=1e-2)
+        for model in (plain, other):
+            torch.compile(model)(**_batch()).loss.backward()
+    finally:
+        trace_skip.remove_hook(recorder.wrap)
+    cache = tmp_path / "cache"
+    outcomes = recorder.capture(cache)
+    assert [o.stored for o in outcomes] == [True, True], [o.reason for o in outcomes]
+    mine, theirs = recorder.calls.values()
+    assert mine.split.digest != theirs.split.digest
+
+    # torch's serialisable guards alone would take the other model's artifact: the config digest is what refuses it
+    loaded_theirs = trace_skip.load_artifact((cache / outcomes[1].path).read_bytes(), mine.split.module)
+    assert loaded_theirs.guard_check(mine.split.module, *mine.args, **mine.kwargs)
+
+    # tampered: the other model's graph saved under this model's name fails the numeric check
+    problem = trace_skip.compare(mine, loaded_theirs, exact=True)
+    assert problem is not None and "differs from a fresh compile" in problem
+    assert (
+        trace_skip.compare(
+            mine,
+            trace_skip.load_artifact((cache / outcomes[0].path).read_bytes(), mine.split.module),
+            exact=True,
+        )
+        is None
+    )
+
+    # a training process whose model differs in that one field: refused, a miss served by Dynamo's compile
+    only_plain = tmp_path / "only-plain"
+    (only_plain / trace_skip.TRACE_DIR).mkdir(parents=True)
+    for name in (outcomes[0].path, outcomes[0].path.replace(".aot", ".json"), "trace/split.json"):
+        (only_plain / name).write_bytes((cache / name).read_bytes())
+    state = trace_skip.TraceSkip(only_plain)
+    trace_skip._on_compiled_module(state.wrap)
+    try:
+        changed, same = _model(tiny_model_dir, eps=1e-2), _model(tiny_model_dir)
+        compiled_changed, compiled_same = torch.compile(changed), torch.compile(same)
+    finally:
+        trace_skip.remove_hook(state.wrap)
+    assert state.refused == {"for another model config": 1} and state.loaded == 1
+    torch.manual_seed(0)
+    out = compiled_changed(**_batch())
+    assert (state.hits, state.misses) == (0, 1)
+    # the changed model's own numbers (its eager loss), which the warmed graph would not give
+    expected, warmed_model = _model(tiny_model_dir, eps=1e-2)(**_batch()), _model(tiny_model_dir)(**_batch())
+    assert torch.allclose(out.loss, expected.loss, rtol=1e-5, atol=0)
+    assert not torch.allclose(warmed_model.loss, expected.loss, rtol=1e-5, atol=0)
+    compiled_same(**_batch())
+    assert (state.hits, state.misses) == (1, 1)

@@ -1,0 +1,115 @@
+"""The trace skip's bookkeeping (warmup/trace_skip.py) without compiling: what keys an artifact, which
+guards are kept, which files a training process considers, and what it says when it cannot skip."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from warmup import trace_skip
+
+
+@dataclass
+class _Config:
+    values: dict[str, object]
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(self.values)
+
+
+class _Model:
+    def __init__(self, **values: object) -> None:
+        self.config = _Config({"hidden_size": 64, "rms_norm_eps": 1e-6, **values})
+
+
+def test_the_config_digest_changes_with_one_field_and_not_with_where_the_model_came_from():
+    base = trace_skip.config_digest(_Model())
+    assert trace_skip.config_digest(_Model(rms_norm_eps=1e-5)) != base
+    assert trace_skip.config_digest(_Model(_name_or_path="/other/checkpoint", use_cache=False)) == base
+
+
+@dataclass
+class _Guard:
+    name: str
+    guard_type: str
+    derived_guard_types: tuple[str, ...] = ()
+    is_global: bool = False
+
+
+def test_the_saved_guards_are_the_arguments_and_the_global_state_less_what_cannot_be_serialised():
+    keep = trace_skip.guard_filter(frozenset({"func", "old_name"}))
+    guards = [
+        _Guard("kwargs['input_ids']", "TENSOR_MATCH"),
+        _Guard("args[0].config.use_cache", "CONSTANT_MATCH"),
+        _Guard("", "GRAD_MODE"),
+        _Guard("func.__name__", "CONSTANT_MATCH"),  # a decorator's closure cell
+        _Guard("args[0]._modules['model']", "NN_MODULE"),
+        _Guard("args[0].forward", "TYPE_MATCH", ("ID_MATCH",)),
+        _Guard("G['torch'].Tensor", "DUPLICATE_INPUT", is_global=True),
+    ]
+    assert keep(guards) == [True, True, True, False, False, False, False]
+
+
+def _artifact(folder: Path, name: str, **record: object) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.aot").write_bytes(b"artifact")
+    meta = {"format": trace_skip.FORMAT, "module": "m.Backbone", "config": "c", "call": "x", **record}
+    (folder / f"{name}.json").write_text(json.dumps(meta))
+
+
+def test_a_training_process_considers_only_complete_artifacts_of_its_format(tmp_path):
+    folder = tmp_path / trace_skip.TRACE_DIR
+    _artifact(folder, "a" * 32)
+    _artifact(folder, "b" * 32, format=trace_skip.FORMAT + 1)
+    _artifact(folder, "c" * 32)
+    (folder / f"{'c' * 32}.aot").unlink()
+    (folder / trace_skip.SPLIT_MARKER).write_text("{}")
+    records = trace_skip.TraceSkip(tmp_path).records()
+    assert [path.name for path, _ in records] == [f"{'a' * 32}.aot"]
+
+
+def test_a_cache_warmed_without_the_split_turns_it_off_and_says_why_once(tmp_path, caplog):
+    _artifact(tmp_path / trace_skip.TRACE_DIR, "a" * 32)
+    with caplog.at_level(logging.WARNING, logger="warmup.trace_skip"):
+        state = trace_skip.enable(tmp_path)
+    assert state.off == "the cache was warmed without it"
+    assert state.describe() == "trace skip off (the cache was warmed without it)"
+    assert [r.getMessage() for r in caplog.records] == [
+        "trace skip off: the cache was warmed without it; Dynamo traces every graph, the warmed Inductor cache "
+        "serves it"
+    ]
+    assert trace_skip.active() is None
+
+
+def test_the_switch_turns_it_off(monkeypatch):
+    monkeypatch.setenv(trace_skip.ENV_VAR, "0")
+    assert trace_skip.unavailable_reason() == f"{trace_skip.ENV_VAR}=0"
+
+
+def test_what_a_run_reports(tmp_path):
+    state = trace_skip.TraceSkip(tmp_path, available=3, loaded=2, hits=5, misses=1, load_seconds=0.25)
+    state.refuse("for another model config")
+    assert state.describe() == (
+        "trace skip: 5 call(s) served without tracing, 1 traced; 2 of 3 artifact(s) loaded in 0.25 s; "
+        "refused: 1 for another model config"
+    )
+    timings = trace_skip.compile_timings(first_step_s=1.5)
+    assert set(timings) >= {"trace_s", "backend_s", "cache_load_s", "first_step_s"}
+    assert timings["first_step_s"] == 1.5
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_a_call_is_described_by_what_a_graph_specialises_on(grad):
+    import torch
+
+    module = torch.nn.Linear(2, 2).train(grad)
+    with torch.set_grad_enabled(grad):
+        text = trace_skip.describe_call(
+            module, (torch.zeros(4, 8, dtype=torch.long),), {"use_cache": False, "n": 3}
+        )
+    mode = "train;grad" if grad else "eval;no_grad"
+    assert text == f"{mode};torch.int64[4x8]@cpu,use_cache=False,n=3"
