@@ -13,6 +13,9 @@ manifest `warmup warm` writes (`trl-warmup.json`), or the one `warmup pull` keep
 there is compared with this process's, computed exactly, and a difference raises ToolchainMismatchError
 naming the fields, instead of a silent miss or a wrong-cache hit.
 
+When the cache holds the trace skip's artifacts (warmup/trace_skip.py), the model accelerate compiles
+gets them before its first forward: its warmed backbone calls run without Dynamo's trace.
+
 The returned `Activation` counts the compiles this process still does (`fresh_compiles()`).
 """
 
@@ -42,7 +45,7 @@ class Activation:
     plan_size: int
     recompile_limit: int
     counter: CompileCounter = field(repr=False)
-    trace_skip: TraceSkip | None = None  # warmed calls served without Dynamo's trace (Inductor)
+    trace_skip: TraceSkip | None = None  # warmed calls served without Dynamo's trace (warmup/trace_skip.py)
 
     def fresh_compiles(self) -> FreshCompiles:
         """The compiles this process did since activation (cache misses and new cache files)."""
@@ -88,7 +91,7 @@ def activate(
         env = {**env, "VLLM_CACHE_ROOT": str(cache / "vllm")}
         os.environ["VLLM_CACHE_ROOT"] = env["VLLM_CACHE_ROOT"]
     # before the trainer is built: accelerate's torch.compile gets the artifacts made for its model
-    trace = enable(cache) if backend.name == "inductor" else None
+    trace = enable(cache)
     return Activation(
         backend=backend,
         cache_dir=cache,

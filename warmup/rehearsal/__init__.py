@@ -459,6 +459,10 @@ class _Session:
             note = "" if files else "the run compiled nothing: the entry is empty"
             if len(event["run_units"]) > 1:
                 note = f"warmed in one run with {len(shared) - 1} other signature(s): the entry is its files"
+            refused = [t for t in outcome.get("trace", []) if not t.get("stored")]
+            if refused:  # the entry still holds today's caches; say why its trace is not kept
+                reason = str(refused[0].get("reason", "")).splitlines()[0][:200]
+                note = f"{note}; trace not kept for {len(refused)} call(s): {reason}".lstrip("; ")
             self._record(
                 unit,
                 "ok",

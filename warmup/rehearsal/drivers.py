@@ -145,8 +145,8 @@ def run(job: RunJob, progress: Path | None = None) -> dict[str, Any]:
     # Before anything compiles: the same settings warmup.activate() applies in a training process.
     backend.configure_process(job.cache_dir, job.plan_size)
     counter = backend.counter(job.cache_dir)
-    # Inductor on one process: each compiled call is also kept traced (warmup/trace_skip.py)
-    recorder = start_recording() if backend.name == "inductor" and _world_size() == 1 else None
+    # one process: each backbone call is also kept traced (warmup/trace_skip.py; on Neuron unverified)
+    recorder = start_recording() if _world_size() == 1 else None
     use_weights_from_config()
     trainer, observed = build_trainer(job)
     steps = StepAccounts(job, trainer, observed, progress)
