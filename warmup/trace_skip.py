@@ -236,13 +236,26 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
         return None
     ctx = optimized.dynamo_ctx
     backend = innermost_backend(ctx.callback)
-    compiled = torch._dynamo.optimize(backend=backend, dynamic=ctx._dynamic)(backbone.forward)
+    eager = backbone.forward
+    compiled = torch._dynamo.optimize(backend=backend, dynamic=ctx._dynamic)(eager)
     split = Split(backbone, backend, ctx._dynamic, compiled, config_digest(backbone))
+    # Only calls from inside the compiled model are split; others (TRL's generation calls the bare model)
+    # run the backbone eagerly, as they did.
+    inside = [0]
+    outer = optimized.forward
+
+    def compiled_model(*args: Any, **kwargs: Any) -> Any:
+        inside[0] += 1
+        try:
+            return outer(*args, **kwargs)
+        finally:
+            inside[0] -= 1
 
     @torch._dynamo.disable  # type: ignore[untyped-decorator]
     def forward(*args: Any, **kwargs: Any) -> Any:
-        return serve(split, args, kwargs)
+        return serve(split, args, kwargs) if inside[0] else eager(*args, **kwargs)
 
+    optimized.forward = compiled_model
     backbone.forward = forward
     return split
 

@@ -1,12 +1,12 @@
 """The trace skip's safety (warmup/trace_skip.py), in this process with real compiles of the tiny model.
 
 One rehearsal-like recording compiles the backbone of two models that differ in one config field
-(`rms_norm_eps`, a float the graph bakes in and Dynamo's serialisable guards do not hold); each call is
-captured, saved and checked. Then:
+(`rms_norm_eps`, which no guard torch can save holds); each call is captured, saved and checked. Then:
 - a model whose config differs in that one field is refused the other's artifact: its call is a miss,
-  served by Dynamo's own compile, never by the wrong graph;
-- the numeric check rejects a tampered artifact: the other model's graph under this model's name loads,
-  passes torch's guards, and gives other numbers than a fresh compile, so it would not be stored.
+  served by Dynamo's own compile, never by the other model's graph;
+- the numeric check rejects a tampered artifact: the same call compiled while the library computed
+  something else loads, passes torch's guards (code is not among them), and gives other numbers than a
+  fresh compile, so it would not be stored.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def inductor_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_an_artifact_is_refused_for_another_config_and_a_tampered_one_fails_the_check(
-    tiny_model_dir, tmp_path, inductor_dir
+    tiny_model_dir, tmp_path, inductor_dir, monkeypatch
 ):
     import torch
 
@@ -64,21 +64,23 @@ def test_an_artifact_is_refused_for_another_config_and_a_tampered_one_fails_the_
     mine, theirs = recorder.calls.values()
     assert mine.split.digest != theirs.split.digest
 
-    # torch's serialisable guards alone would take the other model's artifact: the config digest is what refuses it
-    loaded_theirs = trace_skip.load_artifact((cache / outcomes[1].path).read_bytes(), mine.split.module)
-    assert loaded_theirs.guard_check(mine.split.module, *mine.args, **mine.kwargs)
+    # tampered: the same call compiled while the library's norm computed something else (code is not in the
+    # guards torch can save) loads, passes the guards, and is rejected by the numeric check
+    from transformers.models.qwen3 import modeling_qwen3
 
-    # tampered: the other model's graph saved under this model's name fails the numeric check
-    problem = trace_skip.compare(mine, loaded_theirs, exact=True)
-    assert problem is not None and "differs from a fresh compile" in problem
-    assert (
-        trace_skip.compare(
-            mine,
-            trace_skip.load_artifact((cache / outcomes[0].path).read_bytes(), mine.split.module),
-            exact=True,
-        )
-        is None
+    norm = modeling_qwen3.Qwen3RMSNorm.forward
+    monkeypatch.setattr(modeling_qwen3.Qwen3RMSNorm, "forward", lambda self, x: norm(self, x) * 1.001)
+    tampered = cache / "tampered.aot"
+    trace_skip.compile_call(mine).save_compiled_function(
+        str(tampered), external_data=trace_skip.hidden_functions(mine.split.module)
     )
+    monkeypatch.undo()
+    loaded = trace_skip.load_artifact(tampered.read_bytes(), mine.split.module)
+    assert loaded.guard_check(mine.split.module, *mine.args, **mine.kwargs)
+    problem = trace_skip.compare(mine, loaded, exact=True)
+    assert problem is not None and "differs from a fresh compile" in problem
+    good = trace_skip.load_artifact((cache / outcomes[0].path).read_bytes(), mine.split.module)
+    assert trace_skip.compare(mine, good, exact=True) is None
 
     # a training process whose model differs in that one field: refused, a miss served by Dynamo's compile
     only_plain = tmp_path / "only-plain"
