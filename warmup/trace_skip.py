@@ -205,6 +205,10 @@ def backbone_of(model: Any) -> Any:
     backbone = getattr(model, "base_model", None)
     if not isinstance(backbone, torch.nn.Module) or backbone is model or not is_plain(backbone):
         return None
+    # transformers' innermost model is its own base model; a PEFT wrapper's is not (its forward is the whole
+    # model's again, LM head included): not split, it runs as before
+    if getattr(backbone, "base_model", None) is not backbone:
+        return None
     if not isinstance(getattr(type(backbone), "forward", None), types.FunctionType):
         return None
     return backbone
@@ -453,13 +457,18 @@ def load_artifact(data: bytes, module: Any) -> Any:
 
 def compare(call: RecordedCall, loaded: Any, *, exact: bool) -> str | None:
     """None when the loaded artifact's outputs and gradients on the recorded call equal a fresh compile's
-    (the backbone compiled by Dynamo); else what differs."""
+    (the backbone compiled by Dynamo); else what differs.
+
+    The fresh compile runs twice: a value it does not reproduce itself (on CPU, the embedding's gradient,
+    whose parallel scatter-add sums in thread order) must stay within four times its own run-to-run
+    spread; every value it reproduces must be equal (bit for bit with `exact`)."""
     module = call.split.module
     if not loaded.guard_check(module, *call.args, **call.kwargs):
         return "the artifact's guards refuse the very call it was compiled for"
     fresh = _run(call, lambda: call.split.compiled(*call.args, **call.kwargs))
-    again = _run(call, lambda: loaded(module, *call.args, **call.kwargs))
-    return _differences(fresh, again, exact=exact)
+    again = _run(call, lambda: call.split.compiled(*call.args, **call.kwargs))
+    served = _run(call, lambda: loaded(module, *call.args, **call.kwargs))
+    return _differences(fresh, again, served, exact=exact)
 
 
 def _run(call: RecordedCall, fn: Callable[[], Any]) -> list[Any]:
@@ -496,21 +505,29 @@ def _tensors(value: Any) -> Iterator[Any]:
         yield value
 
 
-def _differences(fresh: list[Any], loaded: list[Any], *, exact: bool) -> str | None:
+def _differences(fresh: list[Any], again: list[Any], served: list[Any], *, exact: bool) -> str | None:
     import torch
 
-    if len(fresh) != len(loaded):
-        return f"the artifact gives {len(loaded)} outputs and gradients, a fresh compile {len(fresh)}"
-    for index, (a, b) in enumerate(zip(fresh, loaded, strict=True)):
-        if a is None or b is None:
-            if a is not b:
+    if len(fresh) != len(served) or len(fresh) != len(again):
+        return f"the artifact gives {len(served)} outputs and gradients, a fresh compile {len(fresh)}"
+    for index, (a, b, c) in enumerate(zip(fresh, again, served, strict=True)):
+        if a is None or c is None:
+            if a is not c:
                 return f"value {index}: a gradient is missing on one side"
             continue
-        same = (
-            torch.equal(a, b) if exact else a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
-        )
+        if a.shape != c.shape or a.dtype != c.dtype:
+            return f"value {index}: {c.dtype}{list(c.shape)} where a fresh compile gives {a.dtype}{list(a.shape)}"
+        if not torch.equal(a, b):  # the fresh compile does not reproduce it: its own spread is the bound
+            spread = (a.double() - b.double()).abs().max().item()
+            off = (a.double() - c.double()).abs().max().item()
+            if off > 4 * spread:
+                return f"value {index} differs from a fresh compile's by {off:.3g}, beyond 4x its own spread {spread:.3g}"
+            continue
+        same = torch.equal(a, c) if exact else torch.allclose(a, c, rtol=1e-4, atol=1e-5)
         if not same:
-            return f"value {index} differs from a fresh compile's ({'bitwise' if exact else 'rtol 1e-4'})"
+            off = (a.double() - c.double()).abs().max().item()
+            kind = "bitwise" if exact else "rtol 1e-4"
+            return f"value {index} ({c.dtype}{list(c.shape)}) differs from a fresh compile's ({kind}; max {off:.3g})"
     return None
 
 

@@ -113,3 +113,21 @@ def test_a_call_is_described_by_what_a_graph_specialises_on(grad):
         )
     mode = "train;grad" if grad else "eval;no_grad"
     assert text == f"{mode};torch.int64[4x8]@cpu,use_cache=False,n=3"
+
+
+def test_the_numeric_check_is_bitwise_where_a_fresh_compile_reproduces_itself_and_spread_bound_elsewhere():
+    import torch
+
+    out, grad = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.25])
+    nudged = out + torch.tensor([0.0, 2e-7])
+    assert trace_skip._differences([out, None], [out, None], [out, None], exact=True) is None
+    problem = trace_skip._differences([out], [out], [nudged], exact=True)
+    assert problem is not None and "differs from a fresh compile's (bitwise" in problem
+    assert trace_skip._differences([out], [out], [nudged], exact=False) is None
+    # a value the fresh compile does not reproduce (a parallel scatter-add): bounded by its own spread
+    wobble = grad + torch.tensor([1e-6, 0.0])
+    assert trace_skip._differences([grad], [wobble], [grad - 2e-6], exact=True) is None
+    far = trace_skip._differences([grad], [wobble], [grad + 1e-3], exact=True)
+    assert far is not None and "beyond 4x its own spread" in far
+    missing = trace_skip._differences([out, grad], [out, grad], [out, None], exact=True)
+    assert missing == "value 1: a gradient is missing on one side"
