@@ -9,10 +9,10 @@ without tracing (docs/compile-caches.md, "Skipping the trace", says why this mec
 
 `aot_compile` needs one graph without breaks, and TRL's forwards break: its fused LM head is an
 `autograd.Function` Dynamo cannot trace. The backbone (`model.base_model`, the decoder stack: nearly
-all of the trace) has no break. So when accelerate wraps a model in `torch.compile`, its backbone's
-`forward` becomes a call Dynamo does not enter, which runs the backbone compiled on its own (a
-full graph, with the job's backend and mode) or, in a warmed process, its loaded artifact; Dynamo traces
-the rest (the LM head and the loss) as before, and the warmed Inductor cache serves those graphs. The
+all of the compute and of the trace) has no break. So when accelerate wraps a model in `torch.compile`,
+the backbone is compiled on its own (one graph, with the job's backend, mode and shape policy) and, in a
+warmed process, runs its loaded artifact; the rest of the forward (the LM head, already outside any graph
+in TRL's fused path, and the loss) runs eagerly around it, so that a warmed process traces nothing. The
 rehearsal and the training process split the same way (the rehearsal leaves `trace/split.json` to say
 so), so the graphs and their cache keys are the same in both.
 
@@ -243,15 +243,17 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
     eager = backbone.forward
     compiled = torch._dynamo.optimize(backend=backend, dynamic=ctx._dynamic)(eager)
     split = Split(backbone, backend, ctx._dynamic, compiled, config_digest(backbone))
-    # Only calls from inside the compiled model are split; others (TRL's generation calls the bare model)
-    # run the backbone eagerly, as they did.
+    # The compiled model's call runs its forward eagerly around the backbone: what is left (TRL's LM head,
+    # whose autograd.Function Dynamo cannot trace, and the loss) is a few small ops, and tracing them is
+    # what a warmed process would otherwise still pay for on every shape. Calls of the bare model (TRL's
+    # generation) run the backbone eagerly, as they did.
     inside = [0]
-    outer = optimized.forward
+    model = optimized._orig_mod
 
     def compiled_model(*args: Any, **kwargs: Any) -> Any:
         inside[0] += 1
         try:
-            return outer(*args, **kwargs)
+            return model(*args, **kwargs)
         finally:
             inside[0] -= 1
 
