@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import run, write_spec
+from tests.support.jobs import run, served_warm, write_spec
 from tests.support.live_server import serve
 from warmup.api.services import Services
 from warmup.backends import recompile_limits
@@ -107,8 +107,7 @@ def test_submit_worker_pull_exec_train_then_a_reported_miss_is_warmed(
         assert report["fresh_compiles"] == 0, report["details"]
         assert report["details"]["new_files"] == 0 and report["details"]["fresh"] == {}
         assert (report["met"], report["missed"]) == ([planned.key()], [])
-        assert warm["counters"]["inductor"]["fxgraph_cache_hit"] > 0
-        assert warm["counters"]["aot_autograd"]["autograd_cache_hit"] > 0
+        assert served_warm(warm), (warm["counters"], warm["trace_skip"])
         assert warm["response"]["job_id"] == job_id and warm["response"]["enqueued"] == []
         (stored,) = client.coverage(job_id)  # what the service keeps says so too
         assert (stored["fresh_compiles"], stored["met"], stored["missed"]) == (0, [planned.key()], [])

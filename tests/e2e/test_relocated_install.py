@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.installs import closure, new_install, repack, with_changed_file
-from tests.support.jobs import run, write_spec
+from tests.support.jobs import run, served_warm, write_spec
 from tests.support.live_server import serve
 from warmup.settings import Settings
 
@@ -98,8 +98,7 @@ def trained_with_nothing_compiled(result: dict, gxx_log: Path) -> None:
     assert report["details"]["new_files"] == 0 and report["details"]["fresh"] == {}, report["details"]
     assert report["missed"] == [] and len(report["met"]) == 1
     assert {tuple(shape) for shape in result["shapes"]} == {(2, 32)}
-    assert result["counters"]["inductor"]["fxgraph_cache_hit"] > 0
-    assert result["counters"]["aot_autograd"]["autograd_cache_hit"] > 0
+    assert served_warm(result), (result["counters"], result.get("trace_skip"))
     assert compiles(gxx_log) == []
 
 

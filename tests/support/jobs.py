@@ -101,6 +101,19 @@ def run_job(
     return json.loads(out.read_text())
 
 
+def served_warm(report: dict[str, Any]) -> bool:
+    """The warmed cache served the run: the trace skip's artifacts served every backbone call (warmup/trace_skip.py),
+    or, where it is off, Inductor's FX graph and AOTAutograd caches were hit (not a run that compiled nothing)."""
+    skip = report.get("trace_skip") or {}
+    if skip.get("hits"):
+        return bool(skip.get("misses") == 0)
+    counters = report["counters"]
+    return (
+        counters.get("inductor", {}).get("fxgraph_cache_hit", 0) > 0
+        and counters.get("aot_autograd", {}).get("autograd_cache_hit", 0) > 0
+    )
+
+
 def no_fresh_compiles(report: dict[str, Any]) -> bool:
     fresh = report["fresh_compiles"]
     return (

@@ -99,9 +99,18 @@ def main(argv: list[str] | None = None) -> int:
         "counters": {
             group: dict(counters[group]) for group in ("inductor", "aot_autograd") if group in counters
         },
+        "trace_skip": _trace_skip(),
     }
     out.write_text(json.dumps(result, indent=1))
     return 0
+
+
+def _trace_skip() -> dict[str, Any] | None:
+    """What the trace skip served in this process (warmup/trace_skip.py), if it was on."""
+    from warmup.trace_skip import active
+
+    state = active()
+    return None if state is None else {"hits": state.hits, "misses": state.misses, "loaded": state.loaded}
 
 
 if __name__ == "__main__":
