@@ -162,6 +162,13 @@ if os.environ.get("WARMUP_PULL_OUTCOME") and "torch._dynamo.callback" not in sys
     _hooked.add("torch._dynamo.callback")
 if os.environ.get("WARMUP_KERNEL_LAYOUT") == "1" and "torch._inductor.codecache" not in sys.modules:
     _hooked.add("torch._inductor.codecache")
+if (
+    os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    and "WARMUP_SPEC" in os.environ
+    and os.environ.get("WARMUP_TRACE_SKIP") != "0"
+    and "torch._dynamo.eval_frame" not in sys.modules
+):
+    _hooked.add("torch._dynamo.eval_frame")
 if _hooked:
     sys.meta_path.insert(0, _LimitsHook(_hooked))
 _run_next_sitecustomize()
