@@ -464,8 +464,13 @@ def compare(call: RecordedCall, loaded: Any, *, exact: bool) -> str | None:
     The fresh compile runs twice: a value it does not reproduce itself (on CPU, the embedding's gradient,
     whose parallel scatter-add sums in thread order) must stay within four times its own run-to-run
     spread; every value it reproduces must be equal (bit for bit with `exact`)."""
+    import torch
+
     module = call.split.module
-    if not loaded.guard_check(module, *call.args, **call.kwargs):
+    module.train(call.training)
+    with torch.set_grad_enabled(call.grad):  # grad mode is among the guards
+        accepted = loaded.guard_check(module, *call.args, **call.kwargs)
+    if not accepted:
         return "the artifact's guards refuse the very call it was compiled for"
     fresh = _run(call, lambda: call.split.compiled(*call.args, **call.kwargs))
     again = _run(call, lambda: call.split.compiled(*call.args, **call.kwargs))
