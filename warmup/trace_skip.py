@@ -19,7 +19,8 @@ so), so the graphs and their cache keys are the same in both.
 The rehearsal (`Recorder`) notes the first backbone call per input signature and, after training,
 compiles each ahead of time, saves it under `trace/` in the run's cache directory (ordinary files:
 the entry, the store, pull and relocation carry them as any other), and keeps it only if, loaded back,
-its outputs and gradients on the rehearsal batch equal a fresh compile's (bit for bit on CPU).
+its outputs and gradients on the rehearsal batch equal a fresh compile's (bit for bit on CPU, where the
+fresh compile reproduces itself; `compare`).
 
 A training process (`enable`, from `warmup.activate` or the sitecustomize of `warmup exec`) loads the
 artifacts made for the backbone's class and config when accelerate compiles the model; each call runs
@@ -630,9 +631,7 @@ def enable(cache_dir: str | os.PathLike[str]) -> TraceSkip:
     else:
         state.off = unavailable_reason()
     if state.off is not None:
-        log.warning(
-            "trace skip off: %s; Dynamo traces every graph, the warmed Inductor cache serves it", state.off
-        )
+        log.warning("trace skip off: %s; Dynamo traces every graph, the warmed cache serves it", state.off)
         return state
     _on_compiled_module(state.wrap)
     _ACTIVE.append(state)
