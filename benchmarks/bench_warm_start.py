@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
+from tests.support.jobs import GRPO_STATIC_CACHE_ARGS, GRPO_STATIC_CACHE_DATA  # noqa: E402
 from tests.support.tiny_model import save_weights, write_tiny_model  # noqa: E402
 
 TRAIN_JOB = ROOT / "tests" / "support" / "train_job.py"
@@ -70,16 +71,8 @@ JOBS = {
     ),
     "grpo": Job(
         "grpo",
-        {
-            "per_device_train_batch_size": 4,
-            "num_generations": 4,
-            "max_completion_length": 8,
-            "pad_to_multiple_of": 16,
-            "cache_implementation": "static",
-            "generation_kwargs": {"max_cache_len": 39},
-            "beta": 0.04,
-        },
-        {"min_prompt_tokens": 5, "max_prompt_tokens": 30},
+        GRPO_STATIC_CACHE_ARGS,
+        GRPO_STATIC_CACHE_DATA,
         5,
         "16",
         30,

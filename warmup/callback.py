@@ -106,9 +106,8 @@ class WarmupCallback(TrainerCallback):
         self._shapes_at_step_start = 0
         self._timed_steps = 0
         self._timed_seconds = 0.0
-        self._first_step_s: float | None = (
-            None  # the first step's wall time: where compiles (or loads) happen
-        )
+        # the first step's wall time: where compiles (or loads) happen
+        self._first_step_s: float | None = None
         self._counter: Any = None
         self._hooks: list[Any] = []
         self._watching_ref = False

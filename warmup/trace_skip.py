@@ -555,6 +555,7 @@ class TraceSkip:
     load_seconds: float = 0.0
     off: str | None = None
     _functions: dict[int, list[Any]] = field(default_factory=dict, repr=False)
+    _records: list[tuple[Path, dict[str, Any]]] | None = field(default=None, repr=False)
 
     def refuse(self, reason: str, count: int = 1) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + count
@@ -603,7 +604,24 @@ class TraceSkip:
         self.misses += 1
         return split.compiled(*args, **kwargs)
 
+    def summary(self) -> dict[str, Any]:
+        """What it did, as a training run reports it."""
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "loaded": self.loaded,
+            "refused": self.refused,
+            "off": self.off,
+            "load_seconds": self.load_seconds,
+        }
+
     def records(self) -> list[tuple[Path, dict[str, Any]]]:
+        """The complete artifacts of this format in the cache (read once: the cache is whole by now)."""
+        if self._records is None:
+            self._records = self._read_records()
+        return self._records
+
+    def _read_records(self) -> list[tuple[Path, dict[str, Any]]]:
         found = []
         for meta in sorted((self.cache_dir / TRACE_DIR).glob("*.json")):
             with contextlib.suppress(OSError, json.JSONDecodeError):

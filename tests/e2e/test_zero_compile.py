@@ -15,6 +15,8 @@ import json
 import sys
 
 from tests.support.jobs import (
+    GRPO_STATIC_CACHE_ARGS,
+    GRPO_STATIC_CACHE_DATA,
     no_fresh_compiles,
     only_empty_locks_appeared,
     run,
@@ -63,22 +65,8 @@ def test_grpo_with_a_static_cache_warm_then_train_compiles_nothing(
     from warmup.rehearsal.local import warm_directory
     from warmup.spec import load_spec
 
-    # prompts of 5..30 tokens pad to 16 or 32; completions of at most 8 pad to 16; cache 32 + 8 - 1
-    args = {
-        "per_device_train_batch_size": 4,
-        "num_generations": 4,
-        "max_completion_length": 8,
-        "pad_to_multiple_of": 16,
-        "cache_implementation": "static",
-        "generation_kwargs": {"max_cache_len": 39},
-        "beta": 0.04,
-    }
     spec_path = write_spec(
-        tmp_path / "grpo.yaml",
-        "grpo",
-        tiny_model_dir,
-        args,
-        {"min_prompt_tokens": 5, "max_prompt_tokens": 30},
+        tmp_path / "grpo.yaml", "grpo", tiny_model_dir, GRPO_STATIC_CACHE_ARGS, GRPO_STATIC_CACHE_DATA
     )
 
     signatures = plan_spec(load_spec(spec_path)).signatures

@@ -16,6 +16,19 @@ from warmup.signature import Signature
 
 TRAIN_JOB = Path(__file__).with_name("train_job.py")
 
+# GRPO with a static KV cache (tests/e2e/test_zero_compile.py, benchmarks/bench_warm_start.py): prompts of
+# 5..30 tokens pad to 16 or 32; completions of at most 8 pad to 16; cache 32 + 8 - 1.
+GRPO_STATIC_CACHE_ARGS: dict[str, Any] = {
+    "per_device_train_batch_size": 4,
+    "num_generations": 4,
+    "max_completion_length": 8,
+    "pad_to_multiple_of": 16,
+    "cache_implementation": "static",
+    "generation_kwargs": {"max_cache_len": 39},
+    "beta": 0.04,
+}
+GRPO_STATIC_CACHE_DATA: dict[str, Any] = {"min_prompt_tokens": 5, "max_prompt_tokens": 30}
+
 
 def write_spec(
     path: Path, trainer: str, model: Path, args: dict[str, Any], data: dict[str, Any], **extra: Any

@@ -110,7 +110,7 @@ def _trace_skip() -> dict[str, Any] | None:
     from warmup.trace_skip import active
 
     state = active()
-    return None if state is None else {"hits": state.hits, "misses": state.misses, "loaded": state.loaded}
+    return None if state is None else state.summary()
 
 
 if __name__ == "__main__":

@@ -256,14 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "dynamo_compile_seconds": calculate_time_spent().get("total_wall_time", 0.0),
         "trace_skip": None
         if activation is None or activation.trace_skip is None
-        else {
-            "hits": activation.trace_skip.hits,
-            "misses": activation.trace_skip.misses,
-            "loaded": activation.trace_skip.loaded,
-            "refused": activation.trace_skip.refused,
-            "off": activation.trace_skip.off,
-            "load_seconds": activation.trace_skip.load_seconds,
-        },
+        else activation.trace_skip.summary(),
         "fresh_compiles": None
         if fresh is None
         else {**dict(fresh.counts), "new_files": list(fresh.new_files)},

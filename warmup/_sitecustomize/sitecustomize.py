@@ -95,13 +95,10 @@ def _canonical_kernel_layout(module: ModuleType) -> None:
 
 def _skip_warmed_traces(module: ModuleType) -> None:
     """A warmed cache with trace artifacts (warmup/trace_skip.py): the first model torch.compile wraps gets
-    them, once the download beside the command is done; WARMUP_TRACE_SKIP=0 turns it off."""
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not cache or os.environ.get("WARMUP_TRACE_SKIP") == "0" or "WARMUP_SPEC" not in os.environ:
-        return
+    them, once the download beside the command is done; WARMUP_TRACE_SKIP=0 turns it off (hooked below)."""
     from warmup.trace_skip import enable_when_compiled
 
-    enable_when_compiled(cache)
+    enable_when_compiled(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
 AFTER_IMPORT = {

@@ -462,7 +462,7 @@ class _Session:
             refused = [t for t in outcome.get("trace", []) if not t.get("stored")]
             if refused:  # the entry still holds today's caches; say why its trace is not kept
                 reason = str(refused[0].get("reason", "")).splitlines()[0][:200]
-                note = f"{note}; trace not kept for {len(refused)} call(s): {reason}".lstrip("; ")
+                note = "; ".join(filter(None, [note, f"trace not kept for {len(refused)} call(s): {reason}"]))
             self._record(
                 unit,
                 "ok",
