@@ -119,14 +119,51 @@ def test_the_numeric_check_is_bitwise_where_a_fresh_compile_reproduces_itself_an
 
     out, grad = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.25])
     nudged = out + torch.tensor([0.0, 2e-7])
-    assert trace_skip._differences([out, None], [out, None], [out, None], exact=True) is None
-    problem = trace_skip._differences([out], [out], [nudged], exact=True)
+    assert trace_skip._differences([[out, None], [out, None]], [out, None], exact=True) is None
+    problem = trace_skip._differences([[out], [out]], [nudged], exact=True)
     assert problem is not None and "differs from a fresh compile's (bitwise" in problem
-    assert trace_skip._differences([out], [out], [nudged], exact=False) is None
+    assert trace_skip._differences([[out], [out]], [nudged], exact=False) is None
     # a value the fresh compile does not reproduce (a parallel scatter-add): bounded by its own spread
     wobble = grad + torch.tensor([1e-6, 0.0])
-    assert trace_skip._differences([grad], [wobble], [grad - 2e-6], exact=True) is None
-    far = trace_skip._differences([grad], [wobble], [grad + 1e-3], exact=True)
+    assert trace_skip._differences([[grad], [wobble]], [grad - 2e-6], exact=True) is None
+    assert trace_skip._differences([[grad], [grad], [wobble]], [grad - 2e-6], exact=True) is None
+    far = trace_skip._differences([[grad], [wobble]], [grad + 1e-3], exact=True)
     assert far is not None and "beyond 4x its own spread" in far
-    missing = trace_skip._differences([out, grad], [out, grad], [out, None], exact=True)
+    missing = trace_skip._differences([[out, grad], [out, grad]], [out, None], exact=True)
     assert missing == "value 1: a gradient is missing on one side"
+
+
+def _checked(monkeypatch, fresh_runs, served):
+    """`compare` with the fresh compile's runs and the artifact's values given (no compile)."""
+    import types
+
+    import torch
+
+    values = iter([fresh_runs[0], fresh_runs[1], served, *fresh_runs[2:]])
+    monkeypatch.setattr(trace_skip, "_run", lambda call, fn: next(values))
+    module = torch.nn.Linear(1, 1)
+    split = types.SimpleNamespace(module=module, compiled=None)
+    call = types.SimpleNamespace(split=split, args=(), kwargs={}, grad=True, training=True)
+    loaded = types.SimpleNamespace(guard_check=lambda *a, **k: True)
+    return trace_skip.compare(call, loaded, exact=True)
+
+
+def test_two_fresh_runs_that_agree_by_chance_do_not_refuse_a_value_the_compile_does_not_reproduce(
+    monkeypatch,
+):
+    import torch
+
+    grad = torch.tensor([1240.0, 3.0])
+    ulp_off = grad + torch.tensor([1.2e-4, 0.0])
+    # the first two fresh runs agree; the third shows the value's own spread, which bounds the artifact's
+    runs = [[grad], [grad], [ulp_off]]
+    assert _checked(monkeypatch, runs, [ulp_off]) is None
+
+
+def test_an_artifact_that_differs_from_every_fresh_run_is_refused_after_the_most_runs(monkeypatch):
+    import torch
+
+    grad = torch.tensor([1240.0, 3.0])
+    runs = [[grad]] * trace_skip.FRESH_RUNS
+    problem = _checked(monkeypatch, runs, [grad + torch.tensor([1.2e-4, 0.0])])
+    assert problem is not None and f"the same in {trace_skip.FRESH_RUNS} fresh runs" in problem
