@@ -32,6 +32,7 @@ from warmup.artifacts import MANIFEST_NAME
 from warmup.backends import Backend, CompileCounter, FreshCompiles, get_backend, recompile_limits
 from warmup.errors import NotWarmedError, SpecError, ToolchainMismatchError
 from warmup.spec import Spec, load_spec
+from warmup.toolchain import prepare_current_toolchain, side_by_side
 from warmup.trace_skip import TraceSkip, enable
 
 
@@ -76,12 +77,17 @@ def activate(
             "or pull it (`warmup pull`)"
         )
     backend = get_backend(spec.target.backend, spec.target.device)
+
+    def sized() -> int:
+        return plan_size if plan_size is not None else planned_size(spec)
+
     if check_toolchain:
-        check_manifest_toolchain(cache, spec)
-        pulled = verify_pulled_toolchain(cache, spec)
-        if pulled is not None and pulled.differences:
-            raise pulled.error()
-    size = plan_size if plan_size is not None else planned_size(spec)
+        prepare_current_toolchain(spec.target.device)
+        # The exact toolchain (hashing torch's sources, the ISA probe's child process: seconds that mostly
+        # leave the interpreter free) is computed beside the planning, which imports TRL.
+        size = side_by_side([sized, lambda: check_toolchains(cache, spec)])[0]
+    else:
+        size = sized()
     counter = backend.counter(cache)
     env = backend.configure_process(cache, size)
     if env.get(layout.ENV_VAR) == "1":  # a training process: its kernels come from the cache
@@ -183,6 +189,15 @@ def verify_pulled_toolchain(cache_dir: str | os.PathLike[str], spec: Spec) -> To
         actual=actual.model_dump(mode="json"),
         differences=differences,
     )
+
+
+def check_toolchains(cache_dir: Path, spec: Spec) -> None:
+    """Raise ToolchainMismatchError when this process's exact toolchain differs from the one the cache in
+    `cache_dir` was warmed (`check_manifest_toolchain`) or pulled (`verify_pulled_toolchain`) for."""
+    check_manifest_toolchain(cache_dir, spec)
+    pulled = verify_pulled_toolchain(cache_dir, spec)
+    if pulled is not None and pulled.differences:
+        raise pulled.error()
 
 
 def check_manifest_toolchain(cache_dir: Path, spec: Spec) -> None:

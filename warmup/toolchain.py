@@ -382,6 +382,23 @@ BUILD_FIELDS = (
 ToolchainSource = Literal["remembered", "exact", "predicted", "computed"]
 
 
+def prepare_current_toolchain(device: str) -> None:
+    """Import what `current_toolchain` imports, so that it can then run in a thread beside other work
+    (two threads importing at once can meet a module the other has half imported)."""
+    from warmup import layout, machine  # noqa: F401
+
+    try:
+        import torch
+
+        if device != "neuron":
+            import torch._inductor.codecache
+            import torch._inductor.cpp_builder
+            import torch._inductor.cpu_vec_isa
+            import torch.utils.cpp_extension  # noqa: F401  (the ISA probe's build options import it)
+    except ImportError:
+        pass  # current_toolchain says what is missing
+
+
 def host_toolchain(backend: str, device: str, *, world_size: int = 1) -> Toolchain:
     """This host's exact toolchain, for a worker (or `warmup submit`) that labels what it asks for or
     uploads with it: `resolve_toolchain` without a pod's cache directory and never `predicted`. From the

@@ -572,6 +572,7 @@ class TraceSkip:
     load_seconds: float = 0.0
     off: str | None = None
     _functions: dict[int, list[Any]] = field(default_factory=dict, repr=False)
+    _loaded: dict[Path, Any] = field(default_factory=dict, repr=False)  # by artifact, for every module
     _records: list[tuple[Path, dict[str, Any]]] | None = field(default=None, repr=False)
 
     def refuse(self, reason: str, count: int = 1) -> None:
@@ -602,12 +603,16 @@ class TraceSkip:
             if record["config"] != digest:
                 self.refuse("for another model config")
                 continue
-            try:
-                functions.append(load_artifact(path.read_bytes(), module))
-            except Exception as error:  # an artifact that does not load is a miss, never a crash
-                self.refuse(f"not loadable ({type(error).__name__})")
-                continue
-            self.loaded += 1
+            # A loaded artifact takes its module as an argument and refers only to the class's functions:
+            # another model of the same class and config (DPO's reference model) shares it.
+            if path not in self._loaded:
+                try:
+                    self._loaded[path] = load_artifact(path.read_bytes(), module)
+                except Exception as error:  # an artifact that does not load is a miss, never a crash
+                    self.refuse(f"not loadable ({type(error).__name__})")
+                    continue
+                self.loaded += 1
+            functions.append(self._loaded[path])
         self.load_seconds += time.perf_counter() - start
         self._functions[id(module)] = functions
 
