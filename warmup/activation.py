@@ -165,7 +165,8 @@ def verify_pulled_toolchain(cache_dir: str | os.PathLike[str], spec: Spec) -> To
     The exact facts are what a training process that traces computes anyway: torch is imported, Inductor
     hashes torch's sources and picks the CPU's vector ISA at its first compile (both cached in the
     process). When the trace skip serves every call (warmup/trace_skip.py) nothing else computes them:
-    then they are this check's own start-up cost. They are remembered, correcting the image's memo and the pull's: a
+    then they are this check's own start-up cost (`activate` computes them beside the planning). They are
+    remembered, correcting the image's memo and the pull's: a
     stale or wrong memo costs one refused start, never a wrong-cache hit.
     """
     from warmup.client.local import read_local_manifest
