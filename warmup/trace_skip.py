@@ -690,9 +690,40 @@ def enable_when_compiled(cache_dir: str | os.PathLike[str]) -> None:
         state = enable(cache_dir)
         if state.off is None:
             state.wrap(optimized)
-        atexit.register(lambda: print(f"trl-warmup: {describe_timings(compile_timings())}", file=sys.stderr))
+        atexit.register(
+            lambda: print(
+                f"trl-warmup: {describe_timings(compile_timings(timed_first_step()))}", file=sys.stderr
+            )
+        )
 
     _on_compiled_module(first)
+
+
+_FIRST_STEP: list[float] = []  # this process's first training step, in seconds (`first_step_clock`)
+
+
+def first_step_clock() -> Any:
+    """A TrainerCallback timing the process's first training step, for `warmup exec`'s exit line (its
+    sitecustomize gives one to every Trainer; `WarmupCallback` times its own)."""
+    from transformers import TrainerCallback
+
+    class FirstStepClock(TrainerCallback):
+        started: float | None = None
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.started is None:
+                self.started = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.started is not None and not _FIRST_STEP:
+                _FIRST_STEP.append(time.perf_counter() - self.started)
+
+    return FirstStepClock()
+
+
+def timed_first_step() -> float | None:
+    """The first training step's seconds in this process, once a `first_step_clock` has timed it."""
+    return _FIRST_STEP[0] if _FIRST_STEP else None
 
 
 def compile_timings(first_step_s: float | None = None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ it, and the next pull has it.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -108,6 +109,9 @@ def test_submit_worker_pull_exec_train_then_a_reported_miss_is_warmed(
         assert report["details"]["new_files"] == 0 and report["details"]["fresh"] == {}
         assert (report["met"], report["missed"]) == ([planned.key()], [])
         assert served_warm(warm), (warm["counters"], warm["trace_skip"])
+        # exec's exit line: where the compile time went, and the first step's time (exec's own clock)
+        exit_line = r"trl-warmup: trace [\d.]+ s, backend [\d.]+ s, cache load [\d.]+ s, first step [\d.]+ s; trace skip"
+        assert re.search(exit_line, warm["stderr"]), warm["stderr"][-3000:]
         assert warm["response"]["job_id"] == job_id and warm["response"]["enqueued"] == []
         (stored,) = client.coverage(job_id)  # what the service keeps says so too
         assert (stored["fresh_compiles"], stored["met"], stored["missed"]) == (0, [planned.key()], [])

@@ -167,3 +167,16 @@ def test_an_artifact_that_differs_from_every_fresh_run_is_refused_after_the_most
     runs = [[grad]] * trace_skip.FRESH_RUNS
     problem = _checked(monkeypatch, runs, [grad + torch.tensor([1.2e-4, 0.0])])
     assert problem is not None and f"the same in {trace_skip.FRESH_RUNS} fresh runs" in problem
+
+
+def test_the_first_step_clock_times_the_first_step_only(monkeypatch):
+    monkeypatch.setattr(trace_skip, "_FIRST_STEP", [])
+    clock = trace_skip.first_step_clock()
+    assert trace_skip.timed_first_step() is None
+    clock.on_step_begin(None, None, None)
+    clock.on_step_end(None, None, None)
+    first = trace_skip.timed_first_step()
+    assert first is not None and first >= 0
+    clock.on_step_begin(None, None, None)
+    clock.on_step_end(None, None, None)
+    assert trace_skip.timed_first_step() == first

@@ -8,7 +8,8 @@ WARMUP_ACCUMULATED_RECOMPILE_LIMIT, as `warmup.activate` does; past the default 
 would otherwise run new shapes eager without a word. The rest of the compile policy (cache directory,
 key tag, static shapes) is plain environment, set by `warmup exec` itself. Under `warmup exec --strict`
 (WARMUP_STRICT=1) a second hook gives every transformers Trainer a strict `WarmupCallback` when the
-script did not add one: the callback is what stops a run that meets a graph the cache does not hold.
+script did not add one: the callback is what stops a run that meets a graph the cache does not hold (the
+same hook times each Trainer's first step for the trace skip's exit line).
 When `warmup exec` downloads the cache beside the command (WARMUP_PULL_OUTCOME), a third hook makes
 Dynamo's first compile wait for the download (warmup/client/background.py). Under the canonical kernel
 layout (WARMUP_KERNEL_LAYOUT) a fourth puts it into Inductor as its code cache is imported (warmup/layout.py):
@@ -49,26 +50,33 @@ def _raise_limits(config: ModuleType) -> None:
             setattr(config, name, wanted)
 
 
-def _strict_trainers(module: ModuleType) -> None:
-    """Under `warmup exec --strict` (WARMUP_STRICT), every transformers Trainer gets a WarmupCallback
-    (unless it has one): the callback is what stops a run that meets an unwarmed graph."""
+def _trainers(module: ModuleType) -> None:
+    """Every transformers Trainer times its first step, for the exit line the trace skip prints (the
+    compile time and where it went). Under `warmup exec --strict` (WARMUP_STRICT) each also gets a
+    WarmupCallback (unless it has one): the callback is what stops a run that meets an unwarmed graph."""
     trainer = getattr(module, "Trainer", None)
     if trainer is None:
         return
     init = trainer.__init__
+    strict = os.environ.get("WARMUP_STRICT") == "1"
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         from warmup.callback import WarmupCallback
+        from warmup.trace_skip import first_step_clock
 
         given = kwargs.get("callbacks") or ()
         # Built before the trainer: planning the spec goes through TRL's config classes, which reset
         # accelerate's state, so it must not run once the trainer has made its accelerator.
-        callback = None if any(isinstance(c, WarmupCallback) for c in given) else WarmupCallback(strict=True)
+        callback = None
+        if strict and not any(isinstance(c, WarmupCallback) for c in given):
+            callback = WarmupCallback(strict=True)
         init(self, *args, **kwargs)
         handler = getattr(self, "callback_handler", None)
         present = handler is None or any(isinstance(c, WarmupCallback) for c in handler.callbacks)
         if callback is not None and not present:
             self.add_callback(callback)  # verifies and counts from on_train_begin
+        if handler is not None:
+            self.add_callback(first_step_clock())
 
     trainer.__init__ = __init__
 
@@ -104,7 +112,7 @@ def _skip_warmed_traces(module: ModuleType) -> None:
 AFTER_IMPORT = {
     TARGET: _raise_limits,
     "torch._dynamo.eval_frame": _skip_warmed_traces,
-    "transformers.trainer": _strict_trainers,
+    "transformers.trainer": _trainers,
     "torch._dynamo.callback": _wait_for_the_cache,
     "torch._inductor.codecache": _canonical_kernel_layout,
 }
@@ -153,19 +161,20 @@ def _run_next_sitecustomize() -> None:
 _hooked = set()
 if any(variable in os.environ for variable in LIMITS.values()) and TARGET not in sys.modules:
     _hooked.add(TARGET)
-if os.environ.get("WARMUP_STRICT") == "1" and "transformers.trainer" not in sys.modules:
-    _hooked.add("transformers.trainer")
 if os.environ.get("WARMUP_PULL_OUTCOME") and "torch._dynamo.callback" not in sys.modules:
     _hooked.add("torch._dynamo.callback")
 if os.environ.get("WARMUP_KERNEL_LAYOUT") == "1" and "torch._inductor.codecache" not in sys.modules:
     _hooked.add("torch._inductor.codecache")
-if (
-    os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+trace_skip = (
+    bool(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
     and "WARMUP_SPEC" in os.environ
     and os.environ.get("WARMUP_TRACE_SKIP") != "0"
-    and "torch._dynamo.eval_frame" not in sys.modules
-):
+)
+if trace_skip and "torch._dynamo.eval_frame" not in sys.modules:
     _hooked.add("torch._dynamo.eval_frame")
+# the strict callback, and the first step's time for the trace skip's exit line
+if (trace_skip or os.environ.get("WARMUP_STRICT") == "1") and "transformers.trainer" not in sys.modules:
+    _hooked.add("transformers.trainer")
 if _hooked:
     sys.meta_path.insert(0, _LimitsHook(_hooked))
 _run_next_sitecustomize()
