@@ -4,11 +4,14 @@ For each job: `eager` (the same spec with `torch_compile: false`, no cache), `co
 cache directory, activated), `warmed` (a cache `warmup warm` filled with the trace skip off,
 WARMUP_TRACE_SKIP=0 in both the warm-up and the run: today's Inductor caches, Dynamo traces every graph)
 and `skipped` (a cache `warmup warm` filled with the trace skip on: the backbone's graphs load traced,
-warmup/trace_skip.py). Every run is `tests/support/train_job.py` (`warmup.activate`, then TRL's trainer
+warmup/trace_skip.py). `floor` is the eager run that first imports every module the skipped run of the same
+round imported beyond the eager run's (but warmup's own): Inductor's runtime, which loading any compiled graph
+imports, and AOTAutograd's; no way that runs compiled code can start faster, so it bounds what a warm start can
+reach. Every run is `tests/support/train_job.py` (`warmup.activate`, then TRL's trainer
 with other weights and other data than the warm-up's), timed from process start to the end of the last
 step. Prints each median, its ratio to eager, and what the warmed runs still did (FX / AOTAutograd misses,
 new files in the cache, calls served without tracing). Target: skipped / eager <= 1.15 for SFT and DPO,
-with 0 misses and no new file.
+with 0 misses and no new file; floor / eager says how much of that budget the imports alone take.
 
     python benchmarks/bench_warm_start.py [--repeat 1] [--jobs sft,dpo,grpo]
 """
@@ -79,7 +82,7 @@ JOBS = {
         4,
     ),
 }
-WAYS = ("eager", "cold", "warmed", "skipped")
+WAYS = ("eager", "cold", "warmed", "skipped", "floor")
 
 
 def write_spec(path: Path, job: Job, model: Path, *, compile: bool = True) -> Path:
@@ -115,7 +118,14 @@ def warm(spec: Path, cache: Path, *, trace_skip: bool) -> float:
 
 
 def train(
-    job: Job, spec: Path, weights: Path, cache: Path | None, out: Path, *, trace_skip: bool = True
+    job: Job,
+    spec: Path,
+    weights: Path,
+    cache: Path | None,
+    out: Path,
+    *,
+    trace_skip: bool = True,
+    preimport: Path | None = None,
 ) -> dict[str, Any]:
     command = [
         sys.executable,
@@ -132,6 +142,8 @@ def train(
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
         command += ["--cache-dir", str(cache)]
+    if preimport is not None:
+        command += ["--preimport", str(preimport)]
     before = _files(cache)
     start = time.time()
     done = subprocess.run(command, capture_output=True, text=True, env=env(trace_skip))
@@ -147,6 +159,15 @@ def _files(cache: Path | None) -> set[str]:
     if cache is None or not cache.exists():
         return set()
     return {str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file()}
+
+
+def floor_modules(skipped: dict[str, Any], eager: dict[str, Any], path: Path) -> Path:
+    """The modules the skipped run imported beyond the eager run's, in its order; warmup's and the tests'
+    own left out."""
+    had = set(eager["modules"])
+    extra = [m for m in skipped["modules"] if m not in had and m.split(".")[0] not in ("warmup", "tests")]
+    path.write_text("\n".join(extra))
+    return path
 
 
 def misses(report: dict[str, Any]) -> int:
@@ -187,6 +208,12 @@ def main() -> int:
                 train(job, spec, weights, today, root / f"{name}-w{index}.json", trace_skip=False)
             )
             runs["skipped"].append(train(job, spec, weights, skip, root / f"{name}-s{index}.json"))
+            modules = floor_modules(
+                runs["skipped"][-1], runs["eager"][-1], root / f"{name}-floor-{index}.txt"
+            )
+            runs["floor"].append(
+                train(job, eager_spec, weights, None, root / f"{name}-f{index}.json", preimport=modules)
+            )
             print(
                 f"{name} round {index + 1}: " + ", ".join(f"{w} {runs[w][-1]['wall']:.1f} s" for w in WAYS),
                 flush=True,
@@ -208,14 +235,15 @@ def main() -> int:
         notes = []
         for way in ("warmed", "skipped"):
             last = runs[way][-1]
-            skip = last.get("trace_skip") or {}
-            served = f"{skip.get('hits', 0)}/{skip.get('hits', 0) + skip.get('misses', 0)}"
+            skipped = last.get("trace_skip") or {}
+            served = f"{skipped.get('hits', 0)}/{skipped.get('hits', 0) + skipped.get('misses', 0)}"
             notes.append(f"{way} {misses(last)} / {len(last['new_in_cache'])} / {served}")
         print(f"{name:<5} " + " ".join(f"{c:>15}" for c in cells) + "   " + "; ".join(notes))
     print(
         "\nwhere the time goes (median seconds): process start to the end of warmup.activate (eager: nothing to"
     )
-    print("activate), then to train() (imports, the trainer's build, artifacts loaded), then the steps")
+    print("activate; floor: its imports), then to train() (imports, the trainer's build, artifacts loaded),")
+    print("then the steps")
     print(f"{'job':<5} " + " ".join(f"{w:>24}" for w in WAYS))
     for name, runs in rows:
         cells = []
@@ -225,6 +253,11 @@ def main() -> int:
             steps = median([r["step_ends"][-1] - r["train_start"] for r in runs[way]])
             cells.append(f"{activate:5.1f} + {build:5.1f} + {steps:5.1f}")
         print(f"{name:<5} " + " ".join(f"{c:>24}" for c in cells))
+    for name, runs in rows:
+        last = runs["floor"][-1]
+        count = len(Path(root / f"{name}-floor-{len(runs['floor']) - 1}.txt").read_text().split())
+        failed = last["failed_preimports"]
+        print(f"{name} floor: {count} modules imported first, {failed} not importable alone")
     print("target: skipped / eager <= 1.15 for sft and dpo, with 0 misses and 0 new files")
     return 0
 

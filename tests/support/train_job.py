@@ -108,6 +108,30 @@ def make_step_clock() -> Any:
     return StepClock()
 
 
+def preimport(names: list[str]) -> int:
+    """Import `names` (what another run imported); returns how many could not be imported on their own."""
+    import importlib
+
+    failed = 0
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a module only its parent's import creates, or one that needs another's state
+            failed += 1
+    return failed
+
+
+def imported_modules(cache_dir: str | None) -> list[str]:
+    """This process's modules in the order they were imported, leaving out the compiled code loaded from
+    `cache_dir` (a compiled graph and its kernels are modules too)."""
+    cache = str(Path(cache_dir).resolve()) if cache_dir else None
+    return [
+        name
+        for name, module in list(sys.modules.items())
+        if not (cache and str(getattr(module, "__file__", None) or "").startswith(cache))
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", required=True)
@@ -128,7 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--split", required=True, help="bucket bounds: longest row (or prompt) per bucket, a,b,..."
     )
+    parser.add_argument(
+        "--preimport",
+        help="a file listing modules (one a line) to import first: the bench's floor for a compiled run",
+    )
     ns = parser.parse_args(argv)
+    failed_imports = preimport(Path(ns.preimport).read_text().split()) if ns.preimport else 0
 
     import warmup
     from warmup.spec import load_spec
@@ -260,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         "fresh_compiles": None
         if fresh is None
         else {**dict(fresh.counts), "new_files": list(fresh.new_files)},
+        "modules": imported_modules(ns.cache_dir),
+        "failed_preimports": failed_imports,
         "counters": {
             group: dict(counters[group])
             for group in ("inductor", "aot_autograd", "stats", "frames")
