@@ -124,11 +124,11 @@ def preimport(names: list[str]) -> int:
 def imported_modules(cache_dir: str | None) -> list[str]:
     """This process's modules in the order they were imported, leaving out the compiled code loaded from
     `cache_dir` (a compiled graph and its kernels are modules too)."""
-    cache = str(Path(cache_dir).resolve()) if cache_dir else None
+    cache = Path(cache_dir).resolve() if cache_dir else None
     return [
         name
         for name, module in list(sys.modules.items())
-        if not (cache and str(getattr(module, "__file__", None) or "").startswith(cache))
+        if not (cache and getattr(module, "__file__", None) and Path(module.__file__).is_relative_to(cache))
     ]
 
 
@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         help="a file listing modules (one a line) to import first: the bench's floor for a compiled run",
     )
     ns = parser.parse_args(argv)
-    failed_imports = preimport(Path(ns.preimport).read_text().split()) if ns.preimport else 0
+    preimported = Path(ns.preimport).read_text().split() if ns.preimport else []
+    failed_imports = preimport(preimported)
 
     import warmup
     from warmup.spec import load_spec
@@ -290,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         if fresh is None
         else {**dict(fresh.counts), "new_files": list(fresh.new_files)},
         "modules": imported_modules(ns.cache_dir),
+        "preimported": len(preimported),
         "failed_preimports": failed_imports,
         "counters": {
             group: dict(counters[group])
