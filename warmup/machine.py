@@ -143,7 +143,13 @@ def compiler_identity() -> str:
 def compiler_version() -> str | None:
     """The first line of `--version` of the C++ compiler Inductor would run (CXX, else g++), or None when
     there is none: which compiler built a kernel (its runtime libraries must be there to load it)."""
-    done = _ask_compiler(cxx(), "--version")
+    return _compiler_version(cxx(), compiler_identity())
+
+
+@functools.cache
+def _compiler_version(compiler: str, identity: str) -> str | None:
+    """Asked once per process for each compiler file (`identity`: its path, size and mtime)."""
+    done = _ask_compiler(compiler, "--version")
     lines = done.stdout.strip().splitlines() if done else []
     return lines[0].strip() if lines else None
 

@@ -6,24 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_api import (  # noqa: F401 (pytest collects what is imported)
-    api,
-    model_dir,
-    services,
-    test_client_library_against_a_live_server,
-    test_concurrent_identical_submissions_make_one_job,
-    test_coverage_misses_become_tasks,
-    test_entries_are_reused_across_specs,
-    test_health,
-    test_invalid_spec_is_422_with_field_and_reason,
-    test_jobs_that_were_refused_are_submitted_and_a_bad_peft_block_is_422,
-    test_manifest_is_refused_until_every_blob_is_in_the_store,
-    test_oversized_body_is_413,
-    test_plan_lists_signatures_and_estimates,
-    test_submit_is_idempotent_and_manifest_follows_the_work,
-    test_toolchain_mismatch_names_the_fields,
-    test_unknown_pool_and_wrong_backend_are_422,
-)
+from tests.support.twins import twins
+from tests.unit import test_api
+
+# Every test of the unit module that takes `services`, with the fixtures it needs (tests/support/twins.py).
+globals().update(twins(test_api, {"services"}))
 
 
 @pytest.fixture(params=["sqlite-s3", "postgresql-local", "postgresql-s3"])

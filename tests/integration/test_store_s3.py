@@ -12,17 +12,14 @@ import httpx
 import pytest
 
 from tests.fixtures.services import S3Server, free_port
-from tests.unit.test_store import (  # noqa: F401 (pytest collects what is imported)
-    pytestmark,
-    test_a_file_that_does_not_match_its_sha256_is_not_stored,
-    test_documents,
-    test_large_file,
-    test_round_trip,
-    test_second_put_of_the_same_blob_does_not_write,
-    write,
-)
+from tests.support.twins import twins
+from tests.unit import test_store
+from tests.unit.test_store import write
 from warmup.errors import StoreError, StoreUnreachableError
 from warmup.store import BlobStore, LocalBlobStore, S3BlobStore, open_store
+
+# Every test of the unit module that takes `store`, with the fixtures it needs (tests/support/twins.py).
+globals().update(twins(test_store, {"store"}))
 
 
 @pytest.fixture(params=["s3"])

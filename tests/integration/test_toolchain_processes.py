@@ -104,3 +104,11 @@ def test_a_fresh_pod_finds_its_toolchain_in_the_images_memo_without_importing_to
     monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")
     assert resolve_toolchain("inductor", "cpu")[1] == "computed"
     assert resolve_toolchain("inductor", "cpu")[1] == "exact"
+
+
+def test_a_compiler_that_cannot_say_gives_no_target(monkeypatch):
+    """The compiler is asked as a process (moved from the unit tier, which starts none)."""
+    from warmup.machine import native_target
+
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    assert native_target() is None
