@@ -17,6 +17,8 @@ on PYTHONPATH.
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.machinery
 import logging
 import os
 import shutil
@@ -33,6 +35,28 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO_ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
 )
+
+
+class OneImportPath(importlib.abc.MetaPathFinder):
+    """`api/`, `worker/` and `migrations/` are folders at this checkout's top, installed as `warmup.api`,
+    `warmup.worker` and `warmup.db.migrations`: the checkout's root is on sys.path here (the tests import
+    `tests.*`), and importing one by its folder's name would load a second copy of its modules."""
+
+    FOLDERS = {"api": "warmup.api", "worker": "warmup.worker", "migrations": "warmup.db.migrations"}
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        top = fullname.partition(".")[0]
+        if top in self.FOLDERS:
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r}: import {self.FOLDERS[top]}", name=fullname
+            )
+        return None
+
+
+sys.meta_path.insert(0, OneImportPath())
+
 # OpenMP threads that wait sleep instead of spinning: the suite runs more processes than cores (its workers,
 # the processes they start, each with an OpenMP pool), and a spinning thread burns a core another process
 # needs. No cache key holds it.

@@ -71,3 +71,10 @@ def test_every_unit_test_that_takes_a_database_or_a_store_has_its_postgresql_or_
     assert untwinned == {}, (
         "add the module to TWINS with a twin that takes them: globals().update(twins(...))"
     )
+
+
+@pytest.mark.parametrize("folder", ["api", "worker", "migrations"])
+def test_the_services_folders_are_imported_under_the_package_only(folder):
+    """One import path: `api` would be a second copy of `warmup.api` (tests/conftest.py refuses it)."""
+    with pytest.raises(ModuleNotFoundError, match=r"import warmup\."):
+        importlib.import_module(folder)
