@@ -19,15 +19,15 @@ from typing import Generic, TypeVar
 
 from sqlalchemy import Engine, text
 
-from warmup.advise import Advice, advise
+from warmup.advise.advice import Advice, advise
 from warmup.db.engine import make_engine
 from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
 from warmup.db.repository import Repository
 from warmup.db.tokens import TokenStore
 from warmup.errors import PlanTooLargeError, SpecError, WarmupError
-from warmup.planner import plan_spec
 from warmup.planner.estimate import CompileCosts, typical_seconds
+from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.signature import Plan, Signature
 from warmup.spec import Spec

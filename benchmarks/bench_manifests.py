@@ -36,7 +36,7 @@ from warmup.db.engine import make_engine
 from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
 from warmup.db.records import FileRef, Keyed
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.spec import load_spec
 from warmup.store import open_store
 from warmup.toolchain import current_toolchain

@@ -57,8 +57,8 @@ from warm_runs import HIGH, LOW, SPLITS, TRAIN_JOB, Job, make_job, warm
 from tests.support.live_server import serve
 from tests.support.seaweed import seaweedfs
 from warmup.api.services import Services
-from warmup.backends import get_backend
-from warmup.planner import plan_spec
+from warmup.backends.registry import get_backend
+from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
 from warmup.toolchain import current_toolchain

@@ -52,9 +52,9 @@ from tests.support.seaweed import seaweedfs
 from tests.support.tiny_model import write_tiny_model
 from warmup.api.services import Services
 from warmup.artifacts import ArtifactFile
-from warmup.backends import get_backend
+from warmup.backends.registry import get_backend
 from warmup.db.records import FileRef, Keyed
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.spec import Spec, load_spec
 from warmup.toolchain import Toolchain, current_toolchain

@@ -90,7 +90,7 @@ def listing(cache: Path) -> dict[str, Any]:
     Python) by content.
     """
     from warmup.artifacts import sha256_file
-    from warmup.backends import get_backend
+    from warmup.backends.registry import get_backend
 
     backend = get_backend("inductor", "cpu")
     files = {}
@@ -125,7 +125,7 @@ def free_port() -> int:
 
 
 def run_config(work: Path, model: Path, ranks: int, threads: int) -> list[dict[str, Any]]:
-    from warmup.planner import plan_spec
+    from warmup.planner.planning import plan_spec
     from warmup.rehearsal.drivers import RunJob
     from warmup.rehearsal.units import plan_units
     from warmup.spec import Spec

@@ -27,7 +27,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Spec": ("warmup.spec", "Spec"),
     "Target": ("warmup.spec", "Target"),
     "DataFacts": ("warmup.spec", "DataFacts"),
-    "plan": ("warmup.planner", "plan_spec"),
+    "plan": ("warmup.planner.planning", "plan_spec"),
     "Plan": ("warmup.signature", "Plan"),
     "Signature": ("warmup.signature", "Signature"),
     "Toolchain": ("warmup.toolchain", "Toolchain"),
@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see (`X as X`: a re-expor
     from warmup.errors import WarmupFailedError as WarmupFailedError
     from warmup.facts import DatasetFacts as DatasetFacts
     from warmup.facts import dataset_facts as dataset_facts
-    from warmup.planner import plan_spec
+    from warmup.planner.planning import plan_spec
     from warmup.signature import Plan as Plan
     from warmup.signature import Signature as Signature
     from warmup.spec import DataFacts as DataFacts

@@ -29,7 +29,8 @@ from typing import Any
 
 from warmup import layout
 from warmup.artifacts import MANIFEST_NAME
-from warmup.backends import Backend, CompileCounter, FreshCompiles, get_backend, recompile_limits
+from warmup.backends.base import Backend, CompileCounter, FreshCompiles, recompile_limits
+from warmup.backends.registry import get_backend
 from warmup.errors import NotWarmedError, SpecError, ToolchainMismatchError
 from warmup.spec import Spec, load_spec
 from warmup.toolchain import prepare_current_toolchain, side_by_side
@@ -111,7 +112,7 @@ def activate(
 
 def planned_size(spec: Spec) -> int:
     """How many signatures the spec plans (the recompile limit is sized from it)."""
-    from warmup.planner import plan_spec
+    from warmup.planner.planning import plan_spec
 
     try:
         return len(plan_spec(spec).signatures)

@@ -130,7 +130,7 @@ class WarmupCallback(TrainerCallback):
 
     def _plan(self) -> tuple[dict[Shape, Any], dict[str, Any]]:
         """Planned signatures by shape, and per phase one planned signature to build others from."""
-        from warmup.planner import plan_spec
+        from warmup.planner.planning import plan_spec
 
         try:
             signatures = plan_spec(self.spec).signatures
@@ -146,7 +146,7 @@ class WarmupCallback(TrainerCallback):
 
     @property
     def cache_dir(self) -> Path:
-        from warmup.backends import get_backend
+        from warmup.backends.registry import get_backend
 
         if self._cache_dir is None:
             target = self.spec.target
@@ -290,7 +290,7 @@ class WarmupCallback(TrainerCallback):
     def _start_counting(self) -> None:
         if self._counter is not None:
             return
-        from warmup.backends import get_backend
+        from warmup.backends.registry import get_backend
 
         target = self.spec.target
         try:

@@ -128,7 +128,7 @@ class Manifest(BaseModel):
         Inductor's key tag) describe the machine the training runs on, which the toolchain check
         has already proved equal to the warm-up worker's.
         """
-        from warmup.backends import get_backend
+        from warmup.backends.registry import get_backend
 
         return get_backend(self.backend, self.device).env(cache_dir, self.plan_size)
 

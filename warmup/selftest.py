@@ -165,7 +165,7 @@ def run_selftest(
     The work directory (default: a new temporary one) is removed at the end unless `keep` is set or
     a phase failed (its logs are there). Raises SpecError for an unknown phase or backend/device pair.
     """
-    from warmup.backends import get_backend
+    from warmup.backends.registry import get_backend
     from warmup.tiny_model import save_weights, write_tiny_model
 
     say = on_line or (lambda line: None)
@@ -235,7 +235,7 @@ def _run_job(
     timeout_s: float,
     say: Callable[[str], None],
 ) -> JobRun:
-    from warmup.planner import plan_spec
+    from warmup.planner.planning import plan_spec
     from warmup.rehearsal.local import warm_directory
     from warmup.spec import Spec
 
@@ -306,7 +306,7 @@ def _toolchain_line(cache: Path) -> str | None:
 
 def _train_fresh(directory: Path, spec: Path, cache: Path, weights: Path, timeout_s: float) -> dict[str, Any]:
     """Run the phase's training job in a new interpreter; its outcome, or {"error": ...}."""
-    from warmup.rehearsal import _child_env
+    from warmup.rehearsal.runner import _child_env
 
     out = directory / "train.json"
     log = directory / "train.log"

@@ -43,7 +43,7 @@ from warmup.store import BlobStore, open_store
 from warmup.toolchain import Toolchain, host_toolchain
 
 if TYPE_CHECKING:
-    from warmup.rehearsal import SignatureResult
+    from warmup.rehearsal.runner import SignatureResult
 
 log = logging.getLogger("warmup.worker")
 
@@ -274,7 +274,7 @@ class Worker:
         self, spec: Spec, signature: Signature, work: Path, heartbeat: _Heartbeat
     ) -> SignatureResult | None:
         """Rehearse in a thread so that SIGTERM can stop waiting; None when stopped first."""
-        from warmup.rehearsal import rehearse
+        from warmup.rehearsal.runner import rehearse
 
         box: dict[str, object] = {}
         cancel = threading.Event()
@@ -359,7 +359,7 @@ class Worker:
     def _publish_ready_manifests(self, signature_key: str, toolchain_key: str) -> bool:
         """Jobs this task completed get their manifest written into the bucket (best effort); False
         if one could not be written."""
-        from warmup.planner import plan_spec
+        from warmup.planner.planning import plan_spec
 
         published = True
         toolchain = self._toolchain_of(toolchain_key)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from warmup.advise import Advice, advise
+from warmup.advise.advice import Advice, advise
 from warmup.api.deps import ReadAccess, ServicesDep
 from warmup.api.schemas import AdviceRequest
 

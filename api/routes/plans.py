@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from warmup.api.deps import ReadAccess, ServicesDep
 from warmup.api.schemas import PlannedSignature, PlanRequest, PlanResponse
-from warmup.planner import estimate_seconds
+from warmup.planner.planning import estimate_seconds
 
 router = APIRouter(prefix="/v1", tags=["plans"])
 

@@ -21,7 +21,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from warmup import __version__
-from warmup.advise import Advice, AdviceOption
+from warmup.advise.advice import Advice, AdviceOption
 from warmup.api.deps import ServicesDep, authorize, bearer_token
 from warmup.api.stats import CacheRow, CoveragePoint, Stats
 from warmup.db.records import JobStatus, SignatureStatus

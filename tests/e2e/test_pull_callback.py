@@ -20,7 +20,7 @@ from tests.support.jobs import write_spec
 from tests.support.live_server import serve
 from warmup.api.services import Services
 from warmup.client.service import ServiceClient
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
 

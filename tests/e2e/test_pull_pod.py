@@ -20,10 +20,10 @@ import pytest
 from tests.support.jobs import run, served_warm, write_spec
 from tests.support.live_server import serve
 from warmup.api.services import Services
-from warmup.backends import recompile_limits
+from warmup.backends.base import recompile_limits
 from warmup.client.local import read_local_manifest
 from warmup.client.service import ServiceClient
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
 from warmup.worker.loop import Worker, WorkerOptions

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.jobs import signature, write_spec
-from warmup.rehearsal import rehearse
+from warmup.rehearsal.runner import rehearse
 from warmup.spec import load_spec
 
 

@@ -61,7 +61,7 @@ def test_sft_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, 
 def test_grpo_with_a_static_cache_warm_then_train_compiles_nothing(
     tiny_model_dir, user_weights_dir, tmp_path
 ):
-    from warmup.planner import plan_spec
+    from warmup.planner.planning import plan_spec
     from warmup.rehearsal.local import warm_directory
     from warmup.spec import load_spec
 
@@ -111,7 +111,7 @@ def test_grpo_with_a_static_cache_warm_then_train_compiles_nothing(
 
 
 def test_dpo_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, tmp_path):
-    from warmup.planner import plan_spec
+    from warmup.planner.planning import plan_spec
     from warmup.rehearsal.local import warm_directory
     from warmup.spec import load_spec
 

@@ -10,7 +10,7 @@ def test_inductor_configure_process_sets_configs_read_at_torch_import(tmp_path):
     # in a subprocess: it changes torch's global configs and this process's environment
     code = f"""
 import torch, torch._dynamo.config as dc, torch.compiler.config as cc, os
-from warmup.backends import InductorBackend
+from warmup.backends.inductor import InductorBackend
 env = InductorBackend("cpu").configure_process({str(tmp_path / "c")!r}, 30)
 assert cc.cache_key_tag == env["TORCH_COMPILE_CACHE_KEY_TAG"] == os.environ["TORCH_COMPILE_CACHE_KEY_TAG"]
 assert dc.recompile_limit >= 30 and dc.accumulated_recompile_limit >= 16 * 30

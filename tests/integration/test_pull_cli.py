@@ -22,14 +22,14 @@ from tests.support.live_server import serve
 from tests.support.pods import HostileService, hostile_manifest, hostile_service, play_worker, publish
 from tests.support.tiny_model import write_tiny_model
 from warmup.api.services import Services
-from warmup.backends import recompile_limits
+from warmup.backends.base import recompile_limits
 from warmup.client.installing import install
 from warmup.client.local import INDEX_NAME, read_local_manifest
 from warmup.client.pulling import pull
 from warmup.client.service import ServiceClient
 from warmup.errors import BlobIntegrityError, ToolchainMismatchError, UnsafeArtifactError
 from warmup.manifest import manifest_object_key
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
 from warmup.toolchain import Toolchain, current_toolchain

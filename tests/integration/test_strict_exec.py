@@ -20,7 +20,7 @@ import pytest
 from tests.support.jobs import write_spec
 from warmup.db.manifests import publish_manifest
 from warmup.manifest import Manifest
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.spec import load_spec
 from warmup.store import LocalBlobStore
 from warmup.toolchain import current_toolchain

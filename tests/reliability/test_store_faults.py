@@ -42,8 +42,8 @@ from warmup.db.records import Keyed
 from warmup.db.repository import Repository
 from warmup.errors import StoreError, StoreUnreachableError
 from warmup.manifest import MANIFESTS_PREFIX, manifest_object_key
-from warmup.planner import plan_spec
-from warmup.rehearsal import SignatureResult
+from warmup.planner.planning import plan_spec
+from warmup.rehearsal.runner import SignatureResult
 from warmup.settings import Settings
 from warmup.spec import Spec, load_spec
 from warmup.store import MiB, S3BlobStore, blob_key
@@ -103,7 +103,7 @@ def direct_store(s3_env: Any, s3_bucket: str) -> S3BlobStore:
 
 
 class FakeRehearsal:
-    """Stands in for `warmup.rehearsal.rehearse`: three artifact files per signature, laid out as an
+    """Stands in for `warmup.rehearsal.runner.rehearse`: three artifact files per signature, laid out as an
     Inductor cache lays them out, with contents unique to the signature. `on_call` runs first (a test
     takes the store down there: S3 goes away while the worker compiles)."""
 
@@ -150,7 +150,7 @@ class FakeRehearsal:
 @pytest.fixture
 def rehearsal(monkeypatch: pytest.MonkeyPatch) -> FakeRehearsal:
     fake = FakeRehearsal()
-    monkeypatch.setattr("warmup.rehearsal.rehearse", fake)  # the worker imports it when it runs a task
+    monkeypatch.setattr("warmup.rehearsal.runner.rehearse", fake)  # the worker imports it when it runs a task
     return fake
 
 

@@ -20,7 +20,7 @@ from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
 from warmup.db.records import Keyed
 from warmup.db.repository import Repository
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.spec import load_spec
 from warmup.store import open_store
 from warmup.toolchain import current_toolchain

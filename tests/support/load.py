@@ -126,7 +126,7 @@ def publish_warmed_cache(
     and publish the manifest; returns the cache a pod must end up with: {path: sha256}."""
     from tests.support.pods import publish
     from warmup.db.records import FileRef, Keyed
-    from warmup.planner import plan_spec
+    from warmup.planner.planning import plan_spec
 
     signatures = [Keyed.of(s) for s in plan_spec(spec).signatures]
     services.queue.submit_job(Keyed.of(spec), Keyed.of(toolchain), signatures)

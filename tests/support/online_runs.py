@@ -159,7 +159,7 @@ def plan_for(
     target: dict[str, Any] | None = None,
 ):
     """The planner's answer for the same job, as the truth tests run it (Inductor target on CPU)."""
-    from warmup.planner import plan_spec
+    from warmup.planner.planning import plan_spec
     from warmup.spec import load_spec
 
     spec = {

@@ -22,7 +22,7 @@ from typing import Any
 from warmup.api.services import Services
 from warmup.db.manifests import build_manifest, publish_manifest
 from warmup.db.records import FileRef, Keyed
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.spec import Spec
 from warmup.toolchain import Toolchain
 

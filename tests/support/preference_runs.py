@@ -111,7 +111,7 @@ def record(
 
 def full_plan(kind: str, model_dir, args: dict, data: dict, **target) -> Plan:
     """The planner's plan for the same job, on an Inductor target on CPU."""
-    from warmup.planner import plan_spec
+    from warmup.planner.planning import plan_spec
     from warmup.spec import load_spec
 
     spec = load_spec(

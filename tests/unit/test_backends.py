@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from warmup.artifacts import MANIFEST_NAME, ArtifactFile
-from warmup.backends import FreshCompiles, InductorBackend, NeuronBackend, get_backend, recompile_limits
+from warmup.backends.base import FreshCompiles, recompile_limits
+from warmup.backends.inductor import InductorBackend
+from warmup.backends.neuron import NeuronBackend
+from warmup.backends.registry import get_backend
 from warmup.errors import SpecError
 
 

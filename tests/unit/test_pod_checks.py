@@ -19,7 +19,7 @@ from warmup.client.local import read_local_manifest, save_local_manifest
 from warmup.diagnosis import RunFacts, diagnose
 from warmup.errors import ToolchainMismatchError, UnwarmedCompileError
 from warmup.manifest import Manifest
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.signature import Signature
 from warmup.spec import Spec, load_spec
 from warmup.toolchain import Toolchain, current_toolchain

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.planner.topology import rank_args, rehearsal_processes
 from warmup.spec import load_spec
 from warmup.trl_args import resolve_trainer_args

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from warmup.errors import SpecError
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.selftest import (
     JOBS,
     PHASES,

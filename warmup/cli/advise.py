@@ -11,7 +11,7 @@ from warmup.errors import SpecError
 from warmup.formatting import format_duration, format_table
 
 if TYPE_CHECKING:
-    from warmup.advise import Advice, AdviceOption, DatasetLengths
+    from warmup.advise.advice import Advice, AdviceOption, DatasetLengths
     from warmup.spec import Spec
 
 BAR_WIDTH = 40
@@ -71,7 +71,7 @@ def _multiples(text: str) -> list[int | None]:
 
 
 def cmd_advise(ns: argparse.Namespace) -> int:
-    from warmup.advise import advise
+    from warmup.advise.advice import advise
 
     spec, lengths = _spec_and_lengths(ns)
     if ns.step_seconds is not None and ns.step_seconds <= 0:
@@ -94,7 +94,7 @@ def cmd_advise(ns: argparse.Namespace) -> int:
 def _spec_and_lengths(ns: argparse.Namespace) -> tuple[Spec, DatasetLengths | None]:
     """The job, and its dataset's lengths: --lengths, else the dataset read with the facts API (--dataset, the
     config's `dataset:` or TRL's dataset selection), else the spec's length histogram."""
-    from warmup.advise import lengths_from_facts, load_lengths
+    from warmup.advise.advice import lengths_from_facts, load_lengths
     from warmup.spec import read_job
 
     if ns.lengths and ns.dataset is not None:

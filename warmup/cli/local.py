@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
-    from warmup.planner import estimate_seconds, plan_spec
+    from warmup.planner.planning import estimate_seconds, plan_spec
 
     plan = plan_spec(load_spec_from_args(ns))
     if ns.format == "json":

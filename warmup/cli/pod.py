@@ -379,7 +379,7 @@ def child_environment(spec: Any, result: Any, server: str | None = None) -> dict
     environment (on CPU with the thread count the cache was compiled for), the recompile limits (applied
     in every Python process by warmup/_sitecustomize), and the spec and server for the training callback."""
     from warmup._sitecustomize import DIRECTORY
-    from warmup.backends import recompile_limits
+    from warmup.backends.base import recompile_limits
 
     env = training_process_environment(
         result.manifest, result.dest, spec.target.world_size, getattr(result, "toolchain_source", "")

@@ -11,7 +11,7 @@ from warmup.formatting import format_duration
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from warmup.backends import BACKEND_NAMES
+    from warmup.backends.registry import BACKEND_NAMES
 
     selftest = sub.add_parser(
         "selftest",

@@ -1,17 +1,3 @@
-"""The service's database: models, engine, migrations, the task queue and the read repository."""
-
-from warmup.db.engine import make_engine, make_sessionmaker
-from warmup.db.queue import RetryStrategy, TaskQueue
-from warmup.db.records import ClaimedTask, FileRef, Keyed
-from warmup.db.repository import Repository
-
-__all__ = [
-    "ClaimedTask",
-    "FileRef",
-    "Keyed",
-    "Repository",
-    "RetryStrategy",
-    "TaskQueue",
-    "make_engine",
-    "make_sessionmaker",
-]
+"""The service's database: `models` (the tables), `engine`, `migrate`, `queue` (one class owns every queue
+operation), `repository` (reads), `records` (the values they exchange), `manifests`, `retention`, `tokens`,
+`outage`, `columns`."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmup.backends import get_backend
+from warmup.backends.registry import get_backend
 from warmup.errors import MissingDependencyError, RehearsalError, WarmupError
 from warmup.peft_args import lora_config
 from warmup.planner.sharding import check_launch

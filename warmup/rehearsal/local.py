@@ -19,7 +19,7 @@ from typing import Any
 from warmup.activation import read_manifest
 from warmup.artifacts import MANIFEST_NAME, ArtifactFile, copy_tree
 from warmup.errors import ToolchainMismatchError
-from warmup.rehearsal import Progress, Rehearsal, SignatureResult, rehearse_signatures, rehearse_spec
+from warmup.rehearsal.runner import Progress, Rehearsal, SignatureResult, rehearse_signatures, rehearse_spec
 from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.toolchain import Toolchain

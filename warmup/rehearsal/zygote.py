@@ -218,7 +218,7 @@ def supervise(argv: list[str], files: contextlib.ExitStack) -> int:
             preload(spec.trainer)
         warnings: list[str] = []
         if job["signatures"] is None:
-            from warmup.planner import plan_spec
+            from warmup.planner.planning import plan_spec
 
             plan = plan_spec(spec)
             signatures, warnings = plan.signatures, plan.warnings

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from tests.fixtures.factories import cpu_toolchain
 from tests.support.length_data import DISTRIBUTIONS
-from warmup.advise import DatasetLengths, SplitLengths, advise, lengths_from_histogram
+from warmup.advise.advice import DatasetLengths, SplitLengths, advise, lengths_from_histogram
 from warmup.api.app import create_app
 from warmup.api.services import Services
 from warmup.settings import Settings

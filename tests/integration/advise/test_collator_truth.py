@@ -20,7 +20,7 @@ from tests.support.length_data import DISTRIBUTIONS
 from tests.support.preference_runs import pair
 from tests.support.shape_recorder import CPU_ARGS
 from tests.support.tiny_model import init_model, words
-from warmup.advise import DatasetLengths, SplitLengths, advise, lengths_from_facts, replay_epochs
+from warmup.advise.advice import DatasetLengths, SplitLengths, advise, lengths_from_facts, replay_epochs
 from warmup.spec import load_spec
 
 

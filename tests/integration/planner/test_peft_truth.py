@@ -138,7 +138,7 @@ def test_online_lora_reference_is_the_bare_policy(tmp_path_factory, tmp_path, ki
 
 def _with_peft(kind, model_dir, args, *, peft=LORA, data=None):
     """The planner's plan for the job with its peft block (the spec the user would write)."""
-    from warmup.planner import plan_spec
+    from warmup.planner.planning import plan_spec
     from warmup.spec import load_spec
 
     facts = data or {**ROWS, "num_train_examples": 2}

@@ -23,7 +23,7 @@ from tests.support.shape_recorder import (
     planned_shapes,
 )
 from tests.support.tiny_model import init_model
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.signature import Plan
 from warmup.spec import load_spec
 

@@ -56,8 +56,8 @@ def _wait_for(name: str) -> None:
 def _wrap_rehearse() -> None:
     import hashlib
 
-    import warmup.rehearsal as rehearsal
-    from warmup.backends import get_backend
+    import warmup.rehearsal.runner as rehearsal
+    from warmup.backends.registry import get_backend
 
     real = rehearsal.rehearse
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.support.length_data import DISTRIBUTIONS
-from warmup.advise import DatasetLengths, SplitLengths, advise
+from warmup.advise.advice import DatasetLengths, SplitLengths, advise
 from warmup.cli import main
 from warmup.planner.estimate import CompileCosts, estimate_seconds
 from warmup.spec import load_spec

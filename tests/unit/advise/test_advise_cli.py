@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from tests.support.length_data import DISTRIBUTIONS
-from warmup.advise import advise, load_lengths
+from warmup.advise.advice import advise, load_lengths
 from warmup.cli import main
 from warmup.spec import load_spec
 
@@ -85,7 +85,7 @@ def test_dataset_is_read_with_the_facts_api(tiny_model_dir, tmp_path, capsys):
     """--dataset (or the config's own `dataset:`) tokenizes the dataset as the trainer does: the same advice as
     from the lengths the facts API reads."""
     from tests.support.tiny_model import words
-    from warmup.advise import lengths_from_facts
+    from warmup.advise.advice import lengths_from_facts
     from warmup.facts import dataset_facts
 
     rng = random.Random(2)

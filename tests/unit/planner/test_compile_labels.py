@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from warmup.model_facts import read_model_facts
-from warmup.planner import estimate_seconds, plan_spec
 from warmup.planner.common import PlanBuilder
+from warmup.planner.planning import estimate_seconds, plan_spec
 from warmup.spec import load_spec
 from warmup.trl_args import resolve_trainer_args
 

@@ -12,7 +12,7 @@ import pytest
 
 from warmup.cli import main
 from warmup.errors import EmptyPlanError, SpecError
-from warmup.planner import estimate_seconds, plan_spec
+from warmup.planner.planning import estimate_seconds, plan_spec
 from warmup.signature import Plan
 from warmup.spec import load_spec
 

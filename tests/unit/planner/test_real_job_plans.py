@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.planner.test_preference_plans import CPU, QWEN3, shapes
 from warmup.errors import SpecError
-from warmup.planner import plan_spec
+from warmup.planner.planning import plan_spec
 from warmup.signature import Plan
 from warmup.spec import load_spec
 
