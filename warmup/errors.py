@@ -106,6 +106,11 @@ class BackendUnavailableError(WarmupError):
     """The compile backend the spec targets cannot run on this machine."""
 
 
+class IncompatibleLibraryError(BackendUnavailableError):
+    """A private name of torch, TRL, accelerate or transformers that trl-warmup reaches (warmup/_compat/) is
+    gone or changed at the installed version: the feature that needs it cannot run here."""
+
+
 # --- warming -----------------------------------------------------------------------------------
 
 

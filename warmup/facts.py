@@ -511,13 +511,13 @@ class _Renderer:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.direct = True
-        try:
-            from transformers.utils.chat_template_utils import _REASONING_FIELDS, _compile_jinja_template
+        from warmup._compat import transformers as compat_transformers
 
-            self.reasoning = frozenset(_REASONING_FIELDS)
-            self.compile = _compile_jinja_template
-        except ImportError:  # another transformers: its own path only
+        compiler = compat_transformers.chat_template_compiler()
+        if compiler is None:  # another transformers: its own path only
             self.direct = False
+        else:
+            self.reasoning, self.compile = compiler
 
     def render(
         self, conversations: list[list[dict[str, Any]]], *, generation_prompt: bool, kwargs: dict[str, Any]
@@ -979,7 +979,8 @@ def packed_lengths(recipe: _Recipe, lengths: array.array[int]) -> array.array[in
     """
     import numpy as np
     import pyarrow as pa  # type: ignore[import-untyped]
-    from trl.data_utils import _pack_bfd, _pack_wrapped
+
+    from warmup._compat import trl as compat_trl
 
     order = np.frombuffer(lengths, dtype=np.uint32) if len(lengths) else np.zeros(0, dtype=np.uint32)
     if recipe.shuffle_dataset:
@@ -996,11 +997,7 @@ def packed_lengths(recipe: _Recipe, lengths: array.array[int]) -> array.array[in
             offsets = np.concatenate(([0], np.cumsum(chunk, dtype=np.int64))).astype(np.int64)
             values = pa.array(np.zeros(int(offsets[-1]), dtype=np.int8))
             table = pa.table({"input_ids": pa.LargeListArray.from_arrays(pa.array(offsets), values)})
-            if recipe.packing_strategy == "wrapped":
-                packed = _pack_wrapped(table, seq_length)
-            else:
-                overflow = "split" if recipe.packing_strategy == "bfd_split" else "truncate"
-                packed = _pack_bfd(table, seq_length, overflow)
+            packed = compat_trl.pack(table, seq_length, recipe.packing_strategy)
             column = packed.column("input_ids").combine_chunks()
             out.extend(int(n) for n in column.value_lengths().to_numpy(zero_copy_only=False))
         start = stop

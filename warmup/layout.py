@@ -45,6 +45,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from warmup._compat import torch as compat_torch
+
 # Set (to "1") in the environment of every process that must compile or load kernels under this layout:
 # the warm-up's rehearsals and the training processes of `warmup exec` (warmup/_sitecustomize).
 ENV_VAR = "WARMUP_KERNEL_LAYOUT"
@@ -205,17 +207,15 @@ def _pattern(found: tuple[Location, ...]) -> re.Pattern[str] | None:
 
 def install(codecache: Any = None) -> None:
     """Make this process's Inductor key its C++ kernels (and every other file it names by a command line)
-    under the canonical layout. Idempotent; imports `torch._inductor.codecache` unless it is given."""
-    module = codecache if codecache is not None else _codecache()
-    original: Any = module.write
-    if getattr(original, _MARK, False):
-        return
+    under the canonical layout. Idempotent; imports Inductor's code cache unless a stand-in is given."""
 
-    def write(content: str | bytes, extension: str, extra: str = "", *args: Any, **kwargs: Any) -> Any:
-        return original(content, extension, canonical(extra), *args, **kwargs)
+    def wrap(original: Any) -> Any:
+        def write(content: str | bytes, extension: str, extra: str = "", *args: Any, **kwargs: Any) -> Any:
+            return original(content, extension, canonical(extra), *args, **kwargs)
 
-    setattr(write, _MARK, True)
-    module.write = write
+        return write
+
+    compat_torch.wrap_kernel_write(wrap, _MARK, codecache)
 
 
 def defer_precompiled_headers(codecache: Any = None) -> None:
@@ -224,20 +224,16 @@ def defer_precompiled_headers(codecache: Any = None) -> None:
     The first time a process loads a C++ kernel, built or not, Inductor precompiles the kernels' common
     header (`cpp_prefix.h`: a g++ build of all of torch's kernel headers) into
     `<temp dir>/torchinductor_<user>/precompiled_headers`, under a key of the install folders and of the
-    preprocessed header (`CppCodeCache.load_async` calls `_precompile_header` before it looks for the
-    kernel's library). A pod whose kernels all come from the cache builds one it never uses: always in a
-    fresh container, and wherever the temp dir, the user or the install differ from the last run. Deferred,
-    a kernel that must still be built includes the header as plain text instead (the same code, compiled
-    without the head start); no key changes. Idempotent; imports `torch._inductor.codecache` unless given."""
-    module = codecache if codecache is not None else _codecache()
-    if getattr(module._precompile_header, _MARK, False):
-        return
+    preprocessed header (Inductor does so before it looks for the kernel's library). A pod whose kernels
+    all come from the cache builds one it never uses: always in a fresh container, and wherever the temp
+    dir, the user or the install differ from the last run. Deferred, a kernel that must still be built
+    includes the header as plain text instead (the same code, compiled without the head start); no key
+    changes. Idempotent; imports Inductor's code cache unless a stand-in is given."""
 
     def plain_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
         return _plain_header(header)
 
-    setattr(plain_header, _MARK, True)
-    module._precompile_header = plain_header
+    compat_torch.replace_precompiled_header(plain_header, _MARK, codecache)
 
 
 @functools.cache
@@ -253,12 +249,6 @@ def _plain_header(header: str) -> str:
     if not path.is_file():
         path.write_text(f"#include <{header}>\n")
     return str(path)
-
-
-def _codecache() -> Any:
-    from torch._inductor import codecache
-
-    return codecache
 
 
 def command_line_paths() -> tuple[str, ...]:
@@ -283,17 +273,7 @@ def command_line_native_flags() -> tuple[str, ...]:
 def _reference_command_line(*, with_isa: bool = True) -> str:
     """The command line Inductor builds a C++ kernel with here (its hashable form: no source, no output).
     Without the ISA's flags, no ISA is probed (the probes write files, whose keys this layout computes)."""
-    from torch._inductor.codecache import CppPythonBindingsCodeCache
-    from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
-    from torch._inductor.cpu_vec_isa import invalid_vec_isa, pick_vec_isa
-
-    options = CppTorchDeviceOptions(
-        vec_isa=pick_vec_isa() if with_isa else invalid_vec_isa,
-        device_type="cpu",
-        **CppPythonBindingsCodeCache.cpp_compile_command_flags,
-    )
-    line: str = CppBuilder(name="o", sources="i", BuildOption=options).get_command_line()
-    return line
+    return compat_torch.kernel_command_line(with_isa=with_isa)
 
 
 def _linked_libraries() -> list[str]:

@@ -29,7 +29,6 @@ level. torch is imported inside `current_toolchain` only.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -45,6 +44,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from warmup._compat import torch as compat_torch
 from warmup.errors import BackendUnavailableError, SpecError, ToolchainMismatchError
 
 Backend = Literal["neuron", "inductor"]
@@ -297,12 +297,14 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
     _check_pair(backend, device)
     try:
         import torch
-        from torch._inductor.codecache import torch_key
+
+        compat_torch.codecache()  # imported here: the threads below must not both import it
     except ImportError:
         raise BackendUnavailableError(
             "computing a toolchain needs torch: pip install 'trl-warmup[trl]' (or the training image's torch)"
         ) from None
     # On CPU, Inductor's ISA probes (g++ builds: seconds) run while torch_key hashes torch's sources.
+    torch_key = compat_torch.torch_key
     hashed_torch, isa = side_by_side([torch_key, cpu_vec_isa]) if device == "cpu" else (torch_key(), None)
     facts: dict[str, Any] = {
         "backend": backend,
@@ -388,13 +390,10 @@ def prepare_current_toolchain(device: str) -> None:
     from warmup import layout, machine  # noqa: F401
 
     try:
-        import torch
+        import torch  # noqa: F401  (its import, which the threads must not race)
 
         if device != "neuron":
-            import torch._inductor.codecache
-            import torch._inductor.cpp_builder
-            import torch._inductor.cpu_vec_isa
-            import torch.utils.cpp_extension  # noqa: F401  (the ISA probe's build options import it)
+            compat_torch.import_kernel_builders()
     except ImportError:
         pass  # current_toolchain says what is missing
 
@@ -719,15 +718,11 @@ def remember_in_image(toolchain: Toolchain, *, world_size: int = 1) -> Path | No
 def isa_table() -> list[tuple[str, list[str]]]:
     """Inductor's x86 vector ISA candidates, in its order of preference, each with the kernel flags
     (/proc/cpuinfo) its compiler flags need; empty off x86 (there the ISA is always computed)."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return []
-    from torch._inductor import cpu_vec_isa as vec_isa
-
     from warmup.machine import kernel_flags_of
 
     table = []
-    for isa in vec_isa.supported_vec_isa_list:
-        flags = kernel_flags_of(str(getattr(isa, "_arch_flags", "")))
+    for isa, arch_flags in compat_torch.vec_isa_candidates():
+        flags = kernel_flags_of(arch_flags)
         if flags:
             table.append((str(isa), flags))
     return table
@@ -748,27 +743,14 @@ def training_threads(world_size: int) -> int:
 
 
 def cpu_vec_isa() -> str:
-    """The vector ISA Inductor's C++ backend generates code for on this CPU (e.g. `avx512 avx512_vnni`)."""
-    from torch._inductor import cpu_vec_isa as vec_isa
+    """The vector ISA Inductor's C++ backend generates code for on this CPU (e.g. `avx512 avx512_vnni`).
 
-    _probe_side_by_side(vec_isa)
-    isa = vec_isa.pick_vec_isa()
-    return str(isa) if isa else "none"
-
-
-def _probe_side_by_side(vec_isa: Any) -> None:
-    """Inductor decides each candidate ISA by building small probe programs with g++, one after the
-    other: about ten builds of a second each on an AMX machine, the bulk of a pod's `warmup pull`.
-    Each candidate caches its answer, so asking all of this CPU's candidates at once first (the builds
-    are subprocesses: threads run them side by side) leaves `pick_vec_isa` only cached answers to read.
-    """
-    if platform.machine() not in ("x86_64", "AMD64") or vec_isa.config.cpp.vec_isa_ok is not None:
-        return
-    flags = vec_isa.x86_isa_checker()
-    candidates = [
-        isa for isa in vec_isa.supported_vec_isa_list if all(flag in flags for flag in str(isa).split())
-    ]
-    side_by_side([functools.partial(bool, isa) for isa in candidates])
+    Inductor decides each candidate ISA by building small probe programs with g++, one after the other:
+    about ten builds of a second each on an AMX machine, the bulk of a pod's `warmup pull`. Each candidate
+    caches its answer, so all of this CPU's candidates are asked at once first (the builds are subprocesses:
+    threads run them side by side), leaving Inductor's pick only cached answers to read."""
+    compat_torch.probe_vec_isas(side_by_side)
+    return compat_torch.vec_isa()
 
 
 def side_by_side(calls: list[Callable[[], Any]]) -> list[Any]:

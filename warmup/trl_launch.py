@@ -3,7 +3,7 @@
 `trl` hands every key its script's parser does not know to `accelerate launch` as `--key str(value)`, in the
 file's order, after `accelerate_config` is turned into `--config_file FILE` put first (so a `config_file:` key,
 which comes later, wins: argparse keeps the last value). Here the same line goes through accelerate's launch parser
-and, when it names a config file, through accelerate's `_validate_launch_command`, which applies accelerate's
+and, when it names a config file, through accelerate's launch validation (warmup/_compat/accelerate.py), which applies accelerate's
 precedence: an explicit key wins over the file (a section key such as `zero_stage` when the key was given, a
 top-level one such as `num_processes` when it is not None), the file's `distributed_type` picks the launcher.
 Paths are opened as accelerate opens them: relative to the working directory. The one machine check on that path
@@ -198,7 +198,7 @@ def read_launch(
     accelerate dest the config set to the config key that set it (where a problem is), `labels` a file's path on
     the line to the name the config gave it, `files` the spec's launch files (the trainer's `deepspeed` path is
     looked up there). Raises LaunchProblem."""
-    from accelerate.commands.launch import _validate_launch_command
+    from warmup._compat.accelerate import validate_launch_command
 
     args = parser.parse_args([*argv, "SCRIPT"])
     given = set(getattr(args, "nondefault", ()))
@@ -211,7 +211,7 @@ def read_launch(
             raise LaunchProblem(where, missing_launch_file(file_name, "`accelerate launch`"))
         args.mixed_precision = None  # an explicit value wins anyway; the check it triggers asks this machine
         try:
-            args, defaults, _ = _validate_launch_command(args)
+            args, defaults, _ = validate_launch_command(args)
         except (ValueError, OSError, yaml.YAMLError) as error:
             raise LaunchProblem(where, f"`accelerate launch` refuses {file_name}: {error}") from None
         if explicit_precision is not None:

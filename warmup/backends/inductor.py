@@ -27,11 +27,11 @@ when g++ had to rebuild a kernel, the new files do not lie.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 from warmup import layout
+from warmup._compat import torch as compat_torch
 from warmup.artifacts import MANIFEST_NAME, ArtifactFile, scan_files
 from warmup.backends.base import CacheCompileCounter, recompile_limits
 
@@ -97,21 +97,13 @@ class InductorBackend:
         env = self.env(cache_dir, plan_size)
         os.environ.update(env)
         Path(env[self.cache_env_var]).mkdir(parents=True, exist_ok=True)
-        import torch._dynamo.config
-        import torch._functorch.config
-        import torch._inductor.compile_fx  # the compiler stack: imported now, not in the first step
-        import torch._inductor.config
         import torch.compiler.config
 
+        compat_torch.import_compiler()  # the compiler stack: imported now, not in the first step
         # These configs read their variables when torch is imported, which may have happened already.
         torch.compiler.config.cache_key_tag = env["TORCH_COMPILE_CACHE_KEY_TAG"]
-        torch._inductor.config.fx_graph_cache = True
-        torch._functorch.config.enable_autograd_cache = True
-        limit, accumulated = recompile_limits(plan_size)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
-        torch._dynamo.config.accumulated_recompile_limit = max(
-            torch._dynamo.config.accumulated_recompile_limit, accumulated
-        )
+        compat_torch.enable_compile_caches()
+        compat_torch.raise_recompile_limits(*recompile_limits(plan_size))
         layout.install()
         return env
 
@@ -132,8 +124,7 @@ class InductorBackend:
 
 
 def _miss_counts() -> dict[str, int]:
-    if "torch._dynamo.utils" not in sys.modules:
+    counters = compat_torch.dynamo_counters()
+    if counters is None:
         return {name: 0 for _, name in MISS_COUNTERS}
-    from torch._dynamo.utils import counters
-
     return {name: int(counters[group][name]) for group, name in MISS_COUNTERS}

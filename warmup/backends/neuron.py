@@ -38,6 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from warmup._compat import torch as compat_torch
 from warmup.artifacts import ArtifactFile, scan_files
 from warmup.backends.base import CacheCompileCounter, recompile_limits
 from warmup.toolchain import canonical_neuron_cc_flags, neuron_lnc, neuron_target_from_name
@@ -94,13 +95,7 @@ class NeuronBackend:
         Path(env[self.cache_env_var]).mkdir(parents=True, exist_ok=True)
         Path(env[self.lock_env_var]).mkdir(parents=True, exist_ok=True)
         if "torch" in sys.modules:
-            import torch._dynamo.config
-
-            limit, accumulated = recompile_limits(plan_size)
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
-            torch._dynamo.config.accumulated_recompile_limit = max(
-                torch._dynamo.config.accumulated_recompile_limit, accumulated
-            )
+            compat_torch.raise_recompile_limits(*recompile_limits(plan_size))
         return env
 
     def is_artifact(self, relative_path: str) -> bool:

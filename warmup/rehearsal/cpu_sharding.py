@@ -15,35 +15,11 @@ Nothing here runs on a GPU or Neuron target: there accelerate shards by itself.
 from __future__ import annotations
 
 import functools
-from typing import Any
+
+from warmup._compat import accelerate as compat_accelerate
 
 
 @functools.cache
 def shard_on_cpu() -> None:
     """Make accelerate's AcceleratorState take its FSDP branch on CPU (once per process)."""
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType
-
-    original = AcceleratorState.__init__
-
-    def init(
-        self: Any,
-        mixed_precision: str | None = None,
-        cpu: bool = False,
-        dynamo_plugin: Any = None,
-        deepspeed_plugin: Any = None,
-        fsdp_plugin: Any = None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> None:
-        original(self, mixed_precision, cpu, dynamo_plugin, deepspeed_plugin, fsdp_plugin, *args, **kwargs)
-        if self.distributed_type == DistributedType.MULTI_CPU and fsdp_plugin is not None:
-            # what the accelerator branch does with the plugin, down to telling the PartialState (every later
-            # AcceleratorState() copies its distributed_type back)
-            self.distributed_type = DistributedType.FSDP
-            if self._mixed_precision != "no":
-                fsdp_plugin.set_mixed_precision(self._mixed_precision)
-            self.fsdp_plugin = fsdp_plugin
-            PartialState._shared_state["distributed_type"] = self.distributed_type
-
-    AcceleratorState.__init__ = init
+    compat_accelerate.take_fsdp_branch_on_cpu()

@@ -34,6 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warmup._compat import torch as compat_torch
+from warmup._compat import transformers as compat_transformers
+from warmup._compat import trl as compat_trl
 from warmup.backends.registry import get_backend
 from warmup.errors import MissingDependencyError, RehearsalError, WarmupError
 from warmup.peft_args import lora_config
@@ -281,11 +284,7 @@ def run_to_file(job: RunJob, result_path: Path, *, rank: int = 0, progress: Path
 
 def dynamo_compile_seconds() -> float:
     """Seconds Dynamo spent compiling in this process (frames, plus lazily compiled backwards)."""
-    if "torch._dynamo.utils" not in sys.modules:
-        return 0.0
-    from torch._dynamo.utils import calculate_time_spent
-
-    return float(calculate_time_spent().get("total_wall_time", 0.0))
+    return compat_torch.dynamo_compile_seconds()
 
 
 # --- models without weights ----------------------------------------------------------------------
@@ -293,13 +292,7 @@ def dynamo_compile_seconds() -> float:
 
 def use_weights_from_config() -> None:
     """Make TRL's trainers build every model from its config (random weights) instead of loading weights."""
-    import trl.trainer.utils as trl_utils
-
-    original = getattr(trl_utils, "_warmup_original_create_model_from_path", trl_utils.create_model_from_path)
-    trl_utils._warmup_original_create_model_from_path = original
-    for name, module in list(sys.modules.items()):
-        if name.startswith("trl.") and getattr(module, "create_model_from_path", None) is original:
-            setattr(module, "create_model_from_path", model_from_config)  # noqa: B010 (a module attribute)
+    compat_trl.build_models_with(model_from_config)
 
 
 def model_from_config(model_id: str, architecture: Any = None, **kwargs: Any) -> Any:
@@ -341,10 +334,9 @@ def model_from_config(model_id: str, architecture: Any = None, **kwargs: Any) ->
     build_kwargs: dict[str, Any] = {"dtype": dtype}
     if attn_implementation is not None:
         build_kwargs["attn_implementation"] = attn_implementation
-    if hasattr(architecture, "from_config"):
-        model = architecture.from_config(config, trust_remote_code=trust_remote_code, **build_kwargs)
-    else:
-        model = architecture._from_config(config, **build_kwargs)
+    model = compat_transformers.model_from_config(
+        architecture, config, trust_remote_code=trust_remote_code, **build_kwargs
+    )
     if use_kernels:
         raise RehearsalError("use_kernels (Hub kernels) cannot be rehearsed offline yet")
     # without a generation_config.json, from_pretrained derives it from the config, as from_config did
@@ -656,18 +648,17 @@ def _record_batches(trainer: Any, observed: Observed) -> None:
 def _record_forwards(trainer: Any, observed: Observed) -> None:
     """GRPO/RLOO: record every log-prob forward's input shape and every generation round's prompt width;
     distillation: every student / teacher backbone forward (`_get_last_hidden_state`) instead."""
-    generate = trainer._generate_single_turn
-    if hasattr(trainer, "_get_last_hidden_state"):
-        hidden = trainer._get_last_hidden_state
+    generate = compat_trl.trainer_method(trainer, compat_trl.GENERATE)
+    if (hidden := compat_trl.trainer_method(trainer, compat_trl.HIDDEN_STATE)) is not None:
 
         def recording_hidden(model: Any, input_ids: Any, *args: Any, **kwargs: Any) -> Any:
             observed.forwards.append(tuple(input_ids.shape))
             return hidden(model, input_ids, *args, **kwargs)
 
-        trainer._get_last_hidden_state = recording_hidden
+        compat_trl.replace_trainer_method(trainer, compat_trl.HIDDEN_STATE, recording_hidden)
         logps = None
     else:
-        logps = trainer._get_per_token_logps_and_entropies
+        logps = compat_trl.trainer_method(trainer, compat_trl.LOG_PROBS)
 
     def recording_logps(
         model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, **kwargs: Any
@@ -683,11 +674,12 @@ def _record_forwards(trainer: Any, observed: Observed) -> None:
 
         longest = max(len(ids) for ids in prompt_ids)
         observed.prompt_widths.append(ceil_to(longest, trainer.pad_to_multiple_of))
+        assert generate is not None
         return generate(prompt_ids, *args, **kwargs)
 
     if logps is not None:
-        trainer._get_per_token_logps_and_entropies = recording_logps
-    trainer._generate_single_turn = recording_generate
+        compat_trl.replace_trainer_method(trainer, compat_trl.LOG_PROBS, recording_logps)
+    compat_trl.replace_trainer_method(trainer, compat_trl.GENERATE, recording_generate)
 
 
 def evaluate_as_in_training(trainer: Any) -> None:

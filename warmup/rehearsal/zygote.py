@@ -96,15 +96,15 @@ class Running:
 def preload(trainer: str) -> None:
     """Import what every run needs, without running a single torch op (so forking stays safe)."""
     import datasets  # noqa: F401
-    import torch
-    import torch._dynamo
-    import torch._inductor.compile_fx  # noqa: F401
+    import torch  # noqa: F401
     import transformers  # noqa: F401
     import trl
 
+    from warmup._compat import torch as compat_torch
     from warmup.rehearsal import drivers
     from warmup.trl_args import config_class
 
+    compat_torch.import_compiler()
     getattr(trl, drivers.TRAINER_CLASSES.get(trainer, "SFTTrainer"))  # TRL imports its modules lazily
     config_class(trainer)
 

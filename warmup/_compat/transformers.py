@@ -1,0 +1,52 @@
+"""transformers' private names, in one place: building a model of a class that has no public `from_config`, and
+the chat template's compiled form that the data facts render conversations with.
+
+Written against transformers 5.24.0; checked on transformers 5.24.0 and 5.25.0 (`CHECKED_ON`). `check()`
+resolves every target (tests/unit/test_compat.py). Importing this module imports no transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from warmup._compat import targets
+from warmup._compat.targets import Target
+from warmup.errors import IncompatibleLibraryError
+
+LIBRARY = "transformers"
+CHECKED_ON = ("5.24.0", "5.25.0")
+
+_CHAT = "transformers.utils.chat_template_utils"
+TARGETS = (
+    Target("transformers", "PreTrainedModel._from_config", "model_from_config", ("config",)),
+    Target(_CHAT, "_REASONING_FIELDS", "chat_template_compiler"),
+    Target(_CHAT, "_compile_jinja_template", "chat_template_compiler", ("chat_template",)),
+)
+
+
+def check() -> list[str]:
+    """Every target of this seam that does not hold at the installed transformers, one line each."""
+    return targets.check(LIBRARY, CHECKED_ON, TARGETS)
+
+
+def model_from_config(architecture: Any, config: Any, **kwargs: Any) -> Any:
+    """A model of `architecture` with weights initialised from `config`: its public `from_config` (the Auto
+    classes), else the model class's own `_from_config`, which `from_config` calls."""
+    if hasattr(architecture, "from_config"):
+        return architecture.from_config(config, **kwargs)
+    targets.resolve(LIBRARY, CHECKED_ON, TARGETS[0])
+    kwargs.pop("trust_remote_code", None)  # the Auto classes' option; a model class takes its own code
+    return architecture._from_config(config, **kwargs)
+
+
+def chat_template_compiler() -> tuple[frozenset[str], Callable[[str], Any]] | None:
+    """The message fields transformers prepares before rendering a chat template (its reasoning fields), and
+    its function that compiles a template; None where this transformers has them no more (then a caller
+    takes transformers' public path only)."""
+    try:
+        fields = targets.resolve(LIBRARY, CHECKED_ON, TARGETS[1])
+        compile_template = targets.resolve(LIBRARY, CHECKED_ON, TARGETS[2])
+    except IncompatibleLibraryError:
+        return None
+    return frozenset(fields), compile_template
