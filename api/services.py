@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -35,6 +37,11 @@ from warmup.store import BlobStore, open_store
 from warmup.toolchain import Toolchain
 from warmup.trl_args import warm_up_trl
 
+# A revoked token is refused within this many seconds by every API process: each reads the tokens'
+# revocations (one small query) at most this often, and forgets every verified token when they change.
+REVOCATION_CHECK_S = 1.0
+
+log = logging.getLogger("warmup.api")
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -67,6 +74,10 @@ class TTLCache(Generic[K, V]):
     def pop(self, key: K) -> None:
         with self._lock:
             self._items.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
 
     def get_or_compute(self, key: K, compute: Callable[[], V]) -> V:
         """The cached value, or `compute()`'s. Concurrent misses of one key compute it once: when 200
@@ -110,8 +121,11 @@ class Services:
     manifest_requests: TTLCache[bytes, tuple[str, str]] = field(
         default_factory=lambda: TTLCache(16384, 3600.0)
     )
-    # Verified tokens, briefly: a pull makes many requests; a revocation takes effect within a minute.
+    # Verified tokens, briefly: a pull makes many requests. A revocation empties the cache within
+    # REVOCATION_CHECK_S (`revocations_checked`).
     verified_tokens: TTLCache[str, frozenset[str]] = field(default_factory=lambda: TTLCache(1024, 60.0))
+    _revocations: tuple[int, object] | None = None
+    _revocations_read_at: float = -math.inf
     # The status page's advice per (spec key, toolchain key): seconds to compute, so computed once a while.
     job_advice: TTLCache[tuple[str, str], tuple[Advice | None]] = field(
         default_factory=lambda: TTLCache(256, 600.0)
@@ -126,6 +140,11 @@ class Services:
         engine = make_engine(url)
         store = open_store(settings.resolved_store_url, presign_endpoint_url=settings.presign_endpoint_url)
         store.check()
+        # A server killed mid-upload left these; the writers of those still locked are alive (other
+        # processes sharing the store) and keep them.
+        removed = store.remove_stale_uploads()
+        if removed.paths:
+            log.warning("%s", removed.describe(f"upload temp files in {store.location}"))
         warm_up_trl()  # the seconds of importing TRL and torch, spent before the first request
         _freeze_startup_heap()
         services = cls(
@@ -222,7 +241,21 @@ class Services:
             )
         return Toolchain.model_validate(found.data)
 
+    def revocations_checked(self) -> bool:
+        """Whether the tokens' revocations were read within REVOCATION_CHECK_S (else a cached token may be
+        revoked: `token_scopes` reads them first)."""
+        return time.monotonic() - self._revocations_read_at < REVOCATION_CHECK_S
+
     def token_scopes(self, token: str) -> frozenset[str] | None:
+        """A token's scopes, None if unknown or revoked. A database read when the token is not cached or
+        the revocations are older than REVOCATION_CHECK_S; run it off the event loop then."""
+        if not self.revocations_checked():
+            read_at = time.monotonic()
+            revocations = self.tokens.revocations()
+            if revocations != self._revocations:
+                self.verified_tokens.clear()
+                self._revocations = revocations
+            self._revocations_read_at = read_at
         scopes = self.verified_tokens.get(token)
         if scopes is None:
             scopes = self.tokens.scopes_of(token)

@@ -155,6 +155,14 @@ class Stats:
             count, size = session.execute(select(func.count(), func.coalesce(func.sum(m.Blob.size), 0))).one()
             return int(count), int(size)
 
+    def damaged_blobs(self) -> tuple[int, datetime | None]:
+        """(blobs `warmup store check` found damaged and nobody stored again yet, when the latest was found)."""
+        with self._sessions() as session:
+            count, latest = session.execute(
+                select(func.count(), func.max(m.Blob.damaged_at)).where(m.Blob.damaged_at.is_not(None))
+            ).one()
+            return int(count), latest
+
     def caches(self) -> list[CacheRow]:
         """One row per toolchain that has entries, largest first."""
         pairs = (
