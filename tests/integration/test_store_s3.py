@@ -14,11 +14,14 @@ import pytest
 from tests.fixtures.services import S3Server, free_port
 from tests.unit.test_store import (  # noqa: F401 (pytest collects what is imported)
     pytestmark,
+    test_a_copy_of_another_size_is_replaced,
     test_a_file_that_does_not_match_its_sha256_is_not_stored,
     test_documents,
+    test_documents_are_deleted,
     test_large_file,
     test_round_trip,
     test_second_put_of_the_same_blob_does_not_write,
+    test_verify_reads_the_copy_back,
     write,
 )
 from warmup.errors import StoreError, StoreUnreachableError
