@@ -53,7 +53,7 @@ def require(scope: str, *others: str) -> Any:
         if (
             services.settings.auth_required
             and token
-            and (services.verified_tokens.get(token) is None or not services.revocations_checked())
+            and (services.verified_tokens.get(token) is None or services.revocations.due())
         ):
             await run_in_threadpool(services.token_scopes, token)  # a database read: off the event loop
         authorize(services, token, scope, *others)

@@ -23,6 +23,7 @@ from sqlalchemy import Engine, text
 
 from warmup.advise import Advice, advise
 from warmup.db.engine import make_engine
+from warmup.db.integrity import damaged_blobs
 from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
 from warmup.db.repository import Repository
@@ -37,13 +38,37 @@ from warmup.store import BlobStore, open_store
 from warmup.toolchain import Toolchain
 from warmup.trl_args import warm_up_trl
 
-# A revoked token is refused within this many seconds by every API process: each reads the tokens'
-# revocations (one small query) at most this often, and forgets every verified token when they change.
+# A revoked token is refused, and a manifest naming a blob the store check found damaged is no longer
+# answered from memory, within this many seconds by every API process: each reads the revocations and the
+# damage (a small query each) at most this often, and forgets what it cached when they change.
 REVOCATION_CHECK_S = 1.0
 
 log = logging.getLogger("warmup.api")
 K = TypeVar("K")
 V = TypeVar("V")
+
+
+class ChangeWatch:
+    """A value in the database read at most every `every_s` seconds; `on_change` runs when it differs from
+    the last one read. `due()` is free: callers on the event loop read only when it is true, in a thread."""
+
+    def __init__(self, read: Callable[[], object], on_change: Callable[[], None], every_s: float) -> None:
+        self.read, self.on_change, self.every_s = read, on_change, every_s
+        self._value: object = None
+        self._read_at = -math.inf
+
+    def due(self) -> bool:
+        return time.monotonic() - self._read_at >= self.every_s
+
+    def check(self) -> None:
+        if not self.due():
+            return
+        read_at = time.monotonic()
+        value = self.read()
+        if value != self._value:
+            self.on_change()
+            self._value = value
+        self._read_at = read_at
 
 
 class TTLCache(Generic[K, V]):
@@ -121,15 +146,19 @@ class Services:
     manifest_requests: TTLCache[bytes, tuple[str, str]] = field(
         default_factory=lambda: TTLCache(16384, 3600.0)
     )
-    # Verified tokens, briefly: a pull makes many requests. A revocation empties the cache within
-    # REVOCATION_CHECK_S (`revocations_checked`).
+    # Verified tokens, briefly: a pull makes many requests. A revocation empties it (`revocations`).
     verified_tokens: TTLCache[str, frozenset[str]] = field(default_factory=lambda: TTLCache(1024, 60.0))
-    _revocations: tuple[int, object] | None = None
-    _revocations_read_at: float = -math.inf
     # The status page's advice per (spec key, toolchain key): seconds to compute, so computed once a while.
     job_advice: TTLCache[tuple[str, str], tuple[Advice | None]] = field(
         default_factory=lambda: TTLCache(256, 600.0)
     )
+
+    def __post_init__(self) -> None:
+        self.revocations = ChangeWatch(
+            lambda: self.tokens.revocations(), self.verified_tokens.clear, REVOCATION_CHECK_S
+        )
+        # Cached manifests may name a blob the store check just found damaged (and whose entries it removed).
+        self.damage = ChangeWatch(lambda: damaged_blobs(self.engine), self.manifests.clear, REVOCATION_CHECK_S)
 
     @classmethod
     def start(cls, settings: Settings) -> Services:
@@ -241,21 +270,10 @@ class Services:
             )
         return Toolchain.model_validate(found.data)
 
-    def revocations_checked(self) -> bool:
-        """Whether the tokens' revocations were read within REVOCATION_CHECK_S (else a cached token may be
-        revoked: `token_scopes` reads them first)."""
-        return time.monotonic() - self._revocations_read_at < REVOCATION_CHECK_S
-
     def token_scopes(self, token: str) -> frozenset[str] | None:
         """A token's scopes, None if unknown or revoked. A database read when the token is not cached or
-        the revocations are older than REVOCATION_CHECK_S; run it off the event loop then."""
-        if not self.revocations_checked():
-            read_at = time.monotonic()
-            revocations = self.tokens.revocations()
-            if revocations != self._revocations:
-                self.verified_tokens.clear()
-                self._revocations = revocations
-            self._revocations_read_at = read_at
+        the revocations are due (`revocations.due()`); run it off the event loop then."""
+        self.revocations.check()
         scopes = self.verified_tokens.get(token)
         if scopes is None:
             scopes = self.tokens.scopes_of(token)

@@ -49,6 +49,8 @@ _REQUEST_BODY = {
 )
 async def get_manifest(request: Request, services: ServicesDep) -> Response:
     raw = await request.body()
+    if services.damage.due():
+        await run_in_threadpool(services.damage.check)
     body_key = hashlib.sha256(raw).digest()
     keys = services.manifest_requests.get(body_key)
     if keys is not None:

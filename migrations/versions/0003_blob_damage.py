@@ -20,9 +20,11 @@ def upgrade() -> None:
     with op.batch_alter_table('blobs', schema=None) as batch_op:
         batch_op.add_column(sa.Column('damaged_at', sa.DateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column('damage', sa.Text(), nullable=True))
+        batch_op.create_index(batch_op.f('ix_blobs_damaged_at'), ['damaged_at'], unique=False)
 
 
 def downgrade() -> None:
     with op.batch_alter_table('blobs', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_blobs_damaged_at'))
         batch_op.drop_column('damage')
         batch_op.drop_column('damaged_at')

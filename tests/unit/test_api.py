@@ -393,6 +393,9 @@ def overwrite_blob(store, sha256: str, data: bytes) -> None:
 
 
 def test_store_check_finds_damage_and_submitting_again_rewarms_it(api, services, model_dir, tmp_path):
+    import time
+
+    from warmup.api.services import REVOCATION_CHECK_S
     from warmup.db.integrity import check_store
 
     spec, tc = spec_body(model_dir, max_tokens=100, max_length=128), cpu_toolchain()
@@ -416,6 +419,9 @@ def test_store_check_finds_damage_and_submitting_again_rewarms_it(api, services,
     assert report.entries_removed == 2 and report.blobs_checked == len(manifest["files"])
     assert not services.store.has(flipped["sha256"])  # the bad copy is gone: storing writes a good one
 
+    time.sleep(REVOCATION_CHECK_S)  # the API forgets the manifest it keeps in memory within this
+    partly = api.post("/v1/manifests", json=submit)
+    assert partly.status_code == 409 and len(partly.json()["detail"]["missing"]) == 2
     readiness = api.get("/readyz")
     assert readiness.status_code == 200 and readiness.json()["status"] == "degraded"
     assert "2 blobs found damaged" in readiness.json()["problems"][0]

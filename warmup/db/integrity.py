@@ -3,12 +3,13 @@
 A blob is damaged when the store has no copy of it, or a copy of another size or other bytes. A
 damaged blob serves no pod (every pull refuses it), so the check, unless told only to look:
 
-- marks its row (`damaged_at`, `damage`), which `/readyz`, the status page and the metrics show;
+- marks its row (`damaged_at`, `damage`), which `/readyz`, the status page and the metrics show, and
+  which makes every API process forget the manifests it keeps in memory within a second;
 - deletes the bad copy, so that storing the blob again writes a good one (`put_file` keeps a copy
   of the right size, and a flipped byte keeps the size);
 - removes the entries that list it, noting why on their tasks: their jobs are no longer ready, and
-  submitting them again (`warmup submit --wait`) re-warms those signatures; a pod meanwhile pulls
-  the rest and compiles the removed ones itself, instead of failing on the bad copy;
+  submitting them again (`warmup submit --wait`) re-warms those signatures; a pull meanwhile is told
+  the job is partly warmed (`--allow-partial` takes the rest), instead of failing on the bad copy;
 - removes the manifests in the bucket that name it (a worker writes them again once the job is
   complete again).
 
@@ -22,8 +23,9 @@ import json
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 
-from sqlalchemy import Engine, delete, exists, select, update
+from sqlalchemy import Engine, delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from warmup.db import models as m
@@ -129,6 +131,16 @@ def check_store(
     return report
 
 
+def damaged_blobs(engine: Engine) -> tuple[int, datetime | None]:
+    """(blobs a check found damaged and nobody stored again yet, when the latest was found): one indexed
+    read, cheap enough for every API process to ask each second."""
+    with make_sessionmaker(engine)() as session:
+        count, latest = session.execute(
+            select(func.count(), func.max(m.Blob.damaged_at)).where(m.Blob.damaged_at.is_not(None))
+        ).one()
+        return int(count), latest
+
+
 def _note_on_tasks(session: Session, units: list[tuple[str, str]], damaged: Iterable[str]) -> None:
     """Say on each (signature, toolchain)'s task why its entry went, keeping the task done (an entry from
     an import has no task: it gets a done one), so that submitting the job again re-queues it."""
@@ -174,4 +186,4 @@ def _chunks(items: list[str]) -> Iterable[list[str]]:
         yield items[start : start + CHUNK]
 
 
-__all__ = ["Damage", "StoreCheck", "check_store"]
+__all__ = ["Damage", "StoreCheck", "check_store", "damaged_blobs"]

@@ -108,7 +108,7 @@ class Blob(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(default=db_now())
     reserved_until: Mapped[datetime] = mapped_column(default=db_now(), index=True)
-    damaged_at: Mapped[datetime | None]
+    damaged_at: Mapped[datetime | None] = mapped_column(index=True)
     damage: Mapped[str | None] = mapped_column(Text)
 
 
