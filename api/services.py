@@ -158,7 +158,9 @@ class Services:
             lambda: self.tokens.revocations(), self.verified_tokens.clear, REVOCATION_CHECK_S
         )
         # Cached manifests may name a blob the store check just found damaged (and whose entries it removed).
-        self.damage = ChangeWatch(lambda: damaged_blobs(self.engine), self.manifests.clear, REVOCATION_CHECK_S)
+        self.damage = ChangeWatch(
+            lambda: damaged_blobs(self.engine), self.manifests.clear, REVOCATION_CHECK_S
+        )
 
     @classmethod
     def start(cls, settings: Settings) -> Services:
