@@ -49,13 +49,17 @@ V = TypeVar("V")
 
 
 class ChangeWatch:
-    """A value in the database read at most every `every_s` seconds; `on_change` runs when it differs from
-    the last one read. `due()` is free: callers on the event loop read only when it is true, in a thread."""
+    """A value in the database read at most every `every_s` seconds; `on_change` (which forgets what a
+    cache holds) runs when it differs from the last one read. `due()` is free: callers on the event loop
+    read only when it is true, in a thread. What was read from the database before a change must not be
+    cached after it: take `generation` before the read and cache through `keep`."""
 
     def __init__(self, read: Callable[[], object], on_change: Callable[[], None], every_s: float) -> None:
         self.read, self.on_change, self.every_s = read, on_change, every_s
+        self.generation = 0
         self._value: object = None
         self._read_at = -math.inf
+        self._lock = threading.Lock()
 
     def due(self) -> bool:
         return time.monotonic() - self._read_at >= self.every_s
@@ -65,10 +69,18 @@ class ChangeWatch:
             return
         read_at = time.monotonic()
         value = self.read()
-        if value != self._value:
-            self.on_change()
-            self._value = value
-        self._read_at = read_at
+        with self._lock:
+            if value != self._value:
+                self.generation += 1
+                self.on_change()
+                self._value = value
+            self._read_at = read_at
+
+    def keep(self, generation: int, put: Callable[[], None]) -> None:
+        """Run `put` unless a change was seen since `generation` was taken."""
+        with self._lock:
+            if self.generation == generation:
+                put()
 
 
 class TTLCache(Generic[K, V]):
@@ -278,9 +290,11 @@ class Services:
         self.revocations.check()
         scopes = self.verified_tokens.get(token)
         if scopes is None:
+            generation = self.revocations.generation
             scopes = self.tokens.scopes_of(token)
             if scopes is not None:
-                self.verified_tokens.put(token, scopes)
+                verified = scopes
+                self.revocations.keep(generation, lambda: self.verified_tokens.put(token, verified))
         return scopes
 
     def database_ready(self) -> str | None:

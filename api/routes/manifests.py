@@ -79,6 +79,7 @@ def _manifest(body: ManifestRequest, services: Services) -> tuple[bytes, tuple[s
 
 
 def _build(body: ManifestRequest, services: Services, keys: tuple[str, str]) -> bytes:
+    damage_seen = services.damage.generation  # entries read before the store check removed some: not kept
     plan = services.plan(body.spec)
     labels = {s.key(): s.shape_label for s in plan.signatures}
     job_id = services.repository.find_job(*keys)
@@ -103,7 +104,7 @@ def _build(body: ManifestRequest, services: Services, keys: tuple[str, str]) -> 
         raise PartlyWarmedError([labels.get(k, k[:12]) for k in manifest.missing])
     payload = json.dumps(manifest.model_dump(mode="json")).encode()
     if not manifest.missing:
-        services.manifests.put(keys, payload)
+        services.damage.keep(damage_seen, lambda: services.manifests.put(keys, payload))
     return payload
 
 

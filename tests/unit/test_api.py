@@ -494,3 +494,20 @@ def test_a_revoked_token_is_refused_within_the_bound(db_url, tmp_path, model_dir
         assert api.get("/", headers={"Authorization": f"Bearer {ci}"}).status_code == 200
         assert api.get(f"/v1/warmups?token={reader}").status_code == 401  # the API: the header only
     services.close()
+
+
+def test_what_was_read_before_a_revocation_is_not_cached_after_it():
+    """A token verified just before a revocation, whose answer arrives after the cache was emptied for it,
+    must not go into the cache (it would live there for the cache's whole TTL)."""
+    from warmup.api.services import ChangeWatch
+
+    revoked, cache = [0], {}
+    watch = ChangeWatch(lambda: revoked[0], cache.clear, every_s=0.0)
+    watch.check()
+    before = watch.generation  # a request starts verifying its token ...
+    revoked[0] += 1  # ... the token is revoked, and another request sees it first
+    watch.check()
+    watch.keep(before, lambda: cache.update(token="read"))
+    assert cache == {}
+    watch.keep(watch.generation, lambda: cache.update(token="read"))  # nothing changed since: kept
+    assert cache == {"token": "read"}
