@@ -23,7 +23,7 @@ from sqlalchemy import Engine, text
 
 from warmup.advise import Advice, advise
 from warmup.db.engine import make_engine
-from warmup.db.integrity import damaged_blobs
+from warmup.db.integrity import check_store, damaged_blobs
 from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
 from warmup.db.repository import Repository
@@ -165,6 +165,8 @@ class Services:
         default_factory=lambda: TTLCache(256, 600.0)
     )
 
+    _stopped: threading.Event = field(default_factory=threading.Event)
+
     def __post_init__(self) -> None:
         self.revocations = ChangeWatch(
             lambda: self.tokens.revocations(), self.verified_tokens.clear, REVOCATION_CHECK_S
@@ -200,9 +202,28 @@ class Services:
         )
         # Manifests must outlive neither their presigned URLs nor a garbage collection by long.
         services.manifests.ttl_s = min(60.0, settings.presign_expiry_s / 4)
+        if settings.store_check_interval_s:
+            services.check_store_every(settings.store_check_interval_s)
         return services
 
+    def check_store_every(self, interval_s: float) -> None:
+        """A background pass: the store's listing against the blobs entries list (`warmup store check
+        --quick`: no blob is read, so every replica may run it), acted on as the command acts."""
+
+        def run() -> None:
+            while not self._stopped.wait(interval_s):
+                try:
+                    found = check_store(self.engine, self.store, read_back=False)
+                except Exception as error:  # the database or the store is away: the next pass tries again
+                    log.warning("store check: %s: %s", type(error).__name__, error)
+                    continue
+                for damage in found.damaged:
+                    log.warning("store check: damaged: blob %s: %s", damage.sha256, damage.problem)
+
+        threading.Thread(target=run, name="store-check", daemon=True).start()
+
     def close(self) -> None:
+        self._stopped.set()
         self.engine.dispose()
 
     def plan(self, spec: Spec) -> Plan:

@@ -24,6 +24,7 @@ from tests.unit.test_api import (  # noqa: F401 (pytest collects what is importe
     test_store_check_dry_run_and_quick,
     test_store_check_finds_damage_and_submitting_again_rewarms_it,
     test_submit_is_idempotent_and_manifest_follows_the_work,
+    test_the_background_pass_finds_a_deleted_blob,
     test_toolchain_mismatch_names_the_fields,
     test_unknown_pool_and_wrong_backend_are_422,
 )

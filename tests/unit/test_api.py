@@ -511,3 +511,30 @@ def test_what_was_read_before_a_revocation_is_not_cached_after_it():
     assert cache == {}
     watch.keep(watch.generation, lambda: cache.update(token="read"))  # nothing changed since: kept
     assert cache == {"token": "read"}
+
+
+def test_the_background_pass_finds_a_deleted_blob(db_url, store_url, tmp_path, model_dir):
+    import time
+
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=db_url,
+        store_url=store_url,
+        auth="off",
+        store_check_interval_s=0.2,
+    )
+    services = Services.start(settings)
+    try:
+        with TestClient(create_app(services=services)) as api:
+            submit = {"spec": spec_body(model_dir), "toolchain": cpu_toolchain().model_dump()}
+            job = api.post("/v1/warmups", json=submit).json()
+            play_worker(services, cpu_toolchain().key(), tmp_path)
+            file = api.post("/v1/manifests", json=submit).json()["files"][0]
+            services.store.delete(file["sha256"])
+            deadline = time.monotonic() + 60  # a pass runs every 0.2 s; the bound only ends a broken test
+            while api.get("/readyz").json()["status"] != "degraded":
+                assert time.monotonic() < deadline, "no pass found the deleted blob"
+                time.sleep(0.1)
+            assert api.get(f"/v1/warmups/{job['id']}").json()["state"] == "incomplete"
+    finally:
+        services.close()
