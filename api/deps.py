@@ -50,7 +50,11 @@ def require(scope: str, *others: str) -> Any:
     # async, so that a request whose token is cached never waits for a threadpool slot
     async def check(request: Request, services: ServicesDep) -> None:
         token = bearer_token(request)
-        if services.settings.auth_required and token and services.verified_tokens.get(token) is None:
+        if (
+            services.settings.auth_required
+            and token
+            and (services.verified_tokens.get(token) is None or services.revocations.due())
+        ):
             await run_in_threadpool(services.token_scopes, token)  # a database read: off the event loop
         authorize(services, token, scope, *others)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -21,6 +23,7 @@ from sqlalchemy import Engine, text
 
 from warmup.advise.advice import Advice, advise
 from warmup.db.engine import make_engine
+from warmup.db.integrity import check_store, damaged_blobs
 from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
 from warmup.db.repository import Repository
@@ -35,8 +38,49 @@ from warmup.store import BlobStore, open_store
 from warmup.toolchain import Toolchain
 from warmup.trl_args import warm_up_trl
 
+# A revoked token is refused, and a manifest naming a blob the store check found damaged is no longer
+# answered from memory, within this many seconds by every API process: each reads the revocations and the
+# damage (a small query each) at most this often, and forgets what it cached when they change.
+REVOCATION_CHECK_S = 1.0
+
+log = logging.getLogger("warmup.api")
 K = TypeVar("K")
 V = TypeVar("V")
+
+
+class ChangeWatch:
+    """A value in the database read at most every `every_s` seconds; `on_change` (which forgets what a
+    cache holds) runs when it differs from the last one read. `due()` is free: callers on the event loop
+    read only when it is true, in a thread. What was read from the database before a change must not be
+    cached after it: take `generation` before the read and cache through `keep`."""
+
+    def __init__(self, read: Callable[[], object], on_change: Callable[[], None], every_s: float) -> None:
+        self.read, self.on_change, self.every_s = read, on_change, every_s
+        self.generation = 0
+        self._value: object = None
+        self._read_at = -math.inf
+        self._lock = threading.Lock()
+
+    def due(self) -> bool:
+        return time.monotonic() - self._read_at >= self.every_s
+
+    def check(self) -> None:
+        if not self.due():
+            return
+        read_at = time.monotonic()
+        value = self.read()
+        with self._lock:
+            if value != self._value:
+                self.generation += 1
+                self.on_change()
+                self._value = value
+            self._read_at = read_at
+
+    def keep(self, generation: int, put: Callable[[], None]) -> None:
+        """Run `put` unless a change was seen since `generation` was taken."""
+        with self._lock:
+            if self.generation == generation:
+                put()
 
 
 class TTLCache(Generic[K, V]):
@@ -67,6 +111,10 @@ class TTLCache(Generic[K, V]):
     def pop(self, key: K) -> None:
         with self._lock:
             self._items.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
 
     def get_or_compute(self, key: K, compute: Callable[[], V]) -> V:
         """The cached value, or `compute()`'s. Concurrent misses of one key compute it once: when 200
@@ -110,12 +158,23 @@ class Services:
     manifest_requests: TTLCache[bytes, tuple[str, str]] = field(
         default_factory=lambda: TTLCache(16384, 3600.0)
     )
-    # Verified tokens, briefly: a pull makes many requests; a revocation takes effect within a minute.
+    # Verified tokens, briefly: a pull makes many requests. A revocation empties it (`revocations`).
     verified_tokens: TTLCache[str, frozenset[str]] = field(default_factory=lambda: TTLCache(1024, 60.0))
     # The status page's advice per (spec key, toolchain key): seconds to compute, so computed once a while.
     job_advice: TTLCache[tuple[str, str], tuple[Advice | None]] = field(
         default_factory=lambda: TTLCache(256, 600.0)
     )
+
+    _stopped: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.revocations = ChangeWatch(
+            lambda: self.tokens.revocations(), self.verified_tokens.clear, REVOCATION_CHECK_S
+        )
+        # Cached manifests may name a blob the store check just found damaged (and whose entries it removed).
+        self.damage = ChangeWatch(
+            lambda: damaged_blobs(self.engine), self.manifests.clear, REVOCATION_CHECK_S
+        )
 
     @classmethod
     def start(cls, settings: Settings) -> Services:
@@ -126,6 +185,11 @@ class Services:
         engine = make_engine(url)
         store = open_store(settings.resolved_store_url, presign_endpoint_url=settings.presign_endpoint_url)
         store.check()
+        # A server killed mid-upload left these; the writers of those still locked are alive (other
+        # processes sharing the store) and keep them.
+        removed = store.remove_stale_uploads()
+        if removed.paths:
+            log.warning("%s", removed.describe(f"upload temp files in {store.location}"))
         warm_up_trl()  # the seconds of importing TRL and torch, spent before the first request
         _freeze_startup_heap()
         services = cls(
@@ -138,9 +202,28 @@ class Services:
         )
         # Manifests must outlive neither their presigned URLs nor a garbage collection by long.
         services.manifests.ttl_s = min(60.0, settings.presign_expiry_s / 4)
+        if settings.store_check_interval_s:
+            services.check_store_every(settings.store_check_interval_s)
         return services
 
+    def check_store_every(self, interval_s: float) -> None:
+        """A background pass: the store's listing against the blobs entries list (`warmup store check
+        --quick`: no blob is read, so every replica may run it), acted on as the command acts."""
+
+        def run() -> None:
+            while not self._stopped.wait(interval_s):
+                try:
+                    found = check_store(self.engine, self.store, read_back=False)
+                except Exception as error:  # the database or the store is away: the next pass tries again
+                    log.warning("store check: %s: %s", type(error).__name__, error)
+                    continue
+                for damage in found.damaged:
+                    log.warning("store check: damaged: blob %s: %s", damage.sha256, damage.problem)
+
+        threading.Thread(target=run, name="store-check", daemon=True).start()
+
     def close(self) -> None:
+        self._stopped.set()
         self.engine.dispose()
 
     def plan(self, spec: Spec) -> Plan:
@@ -223,11 +306,16 @@ class Services:
         return Toolchain.model_validate(found.data)
 
     def token_scopes(self, token: str) -> frozenset[str] | None:
+        """A token's scopes, None if unknown or revoked. A database read when the token is not cached or
+        the revocations are due (`revocations.due()`); run it off the event loop then."""
+        self.revocations.check()
         scopes = self.verified_tokens.get(token)
         if scopes is None:
+            generation = self.revocations.generation
             scopes = self.tokens.scopes_of(token)
             if scopes is not None:
-                self.verified_tokens.put(token, scopes)
+                verified = scopes
+                self.revocations.keep(generation, lambda: self.verified_tokens.put(token, verified))
         return scopes
 
     def database_ready(self) -> str | None:

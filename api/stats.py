@@ -23,6 +23,7 @@ from warmup.api.services import TTLCache
 from warmup.db import models as m
 from warmup.db.columns import db_now
 from warmup.db.engine import make_sessionmaker
+from warmup.db.integrity import damaged_blobs
 from warmup.db.records import JobState, job_state
 from warmup.db.repository import signature_rows, signature_state
 from warmup.toolchain import Toolchain
@@ -154,6 +155,10 @@ class Stats:
         with self._sessions() as session:
             count, size = session.execute(select(func.count(), func.coalesce(func.sum(m.Blob.size), 0))).one()
             return int(count), int(size)
+
+    def damaged_blobs(self) -> tuple[int, datetime | None]:
+        """(blobs `warmup store check` found damaged and nobody stored again yet, when the latest was found)."""
+        return damaged_blobs(self.engine)
 
     def caches(self) -> list[CacheRow]:
         """One row per toolchain that has entries, largest first."""

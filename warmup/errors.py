@@ -143,6 +143,12 @@ class BlobNotFoundError(StoreError):
     """The blob store has no blob (or document) under this key."""
 
 
+class StoreDamagedError(StoreError):
+    """`warmup store check` found blobs missing or altered in the store (docs/how-to/repair-store.md)."""
+
+    exit_code = 3
+
+
 # --- the database ------------------------------------------------------------------------------
 
 

@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     metrics_public: bool = Field(
         True, description="/metrics answers without a token (aggregate numbers only); false: it needs 'read'"
     )
+    store_check_interval_s: float = Field(
+        0.0,
+        ge=0,
+        description="every this many seconds the server compares the store's listing with the blobs entries "
+        "list and acts on the missing and cut-short ones as `warmup store check --quick` does; 0: never",
+    )
     log_format: Literal["text", "kv", "json"] = Field(
         "text", description="log lines as text, key=value or JSON (secrets are always redacted)"
     )

@@ -5,7 +5,9 @@ Two stores behind one interface: `LocalBlobStore` (a directory; the embedded def
 AWS_ENDPOINT_URL). Blobs live under `blobs/<first two hex digits>/<sha256>`; small JSON documents
 (manifests) live next to them under their own keys and are written after the blobs they list.
 
-A blob is verified against its sha256 before it is stored and never uploaded twice. `check()` runs at
+A blob is verified against its sha256 before it is stored and uploaded again only when the stored copy's
+size is wrong (a truncated copy); `verify()` reads a stored copy back against its sha256, which is
+what `warmup store check` does (warmup/db/integrity.py). `check()` runs at
 start-up so that a missing bucket or refused credentials stop the server or worker right away, with
 a message that names the bucket and endpoint, instead of failing the first upload an hour later.
 """
@@ -32,6 +34,7 @@ from warmup.errors import (
     StoreUnreachableError,
     UnsafeArtifactError,
 )
+from warmup.leftovers import Removed, locked_temp_file, remove_abandoned
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK_BYTES = 1024 * 1024
@@ -86,13 +89,11 @@ class BlobStore(ABC):
         """Fail now, with StoreUnreachableError saying what to do, if the store cannot be used."""
 
     @abstractmethod
-    def has(self, sha256: str) -> bool: ...
-
-    @abstractmethod
     def put_file(self, path: str | os.PathLike[str], sha256: str | None = None) -> bool:
         """Store a file as a blob. The file's sha256 is computed and must equal `sha256` when given
         (BlobIntegrityError otherwise, and nothing is stored). Returns False, without uploading, if
-        the blob is already there."""
+        the blob is already there with the file's size; a copy of another size (cut short, or damaged)
+        is replaced."""
 
     @abstractmethod
     def open(self, sha256: str) -> IO[bytes]:
@@ -102,11 +103,34 @@ class BlobStore(ABC):
     def delete(self, sha256: str) -> None:
         """Remove a blob; absent blobs are fine."""
 
-    def remove_stale_uploads(self, older_than: datetime) -> int:
-        """Remove what uploads cut off before `older_than` left behind; returns how many. Nothing by
-        default: S3 never shows a half-written object (a bucket lifecycle rule aborts stale multipart
-        uploads)."""
-        return 0
+    def remove_stale_uploads(self, older_than: datetime | None = None) -> Removed:
+        """Remove what uploads cut off by a killed writer left behind (only those last written before
+        `older_than`, when given). Nothing by default: S3 never shows a half-written object (a bucket
+        lifecycle rule aborts stale multipart uploads)."""
+        return Removed()
+
+    @abstractmethod
+    def stored_size(self, sha256: str) -> int | None:
+        """The size of the stored copy of a blob, None if there is none."""
+
+    def has(self, sha256: str) -> bool:
+        return self.stored_size(sha256) is not None
+
+    def verify(self, sha256: str, size: int | None = None) -> str | None:
+        """Read the stored copy back: None if it has this sha256 (and `size`), else what is wrong."""
+        try:
+            with self.open(sha256) as source:
+                digest, read = hashlib.sha256(), 0
+                while chunk := source.read(CHUNK_BYTES):
+                    digest.update(chunk)
+                    read += len(chunk)
+        except BlobNotFoundError:
+            return "missing from the store"
+        if size is not None and read != size:
+            return f"{read} bytes stored, {size} recorded"
+        if digest.hexdigest() != sha256:
+            return f"its bytes have sha256 {digest.hexdigest()}"
+        return None
 
     @abstractmethod
     def iter_blobs(self) -> Iterator[BlobInfo]:
@@ -120,6 +144,10 @@ class BlobStore(ABC):
     def get_object(self, key: str, max_bytes: int | None = None) -> bytes:
         """Read a small document (BlobNotFoundError if absent); one larger than `max_bytes` is refused
         (UnsafeArtifactError) without being read whole."""
+
+    @abstractmethod
+    def delete_object(self, key: str) -> None:
+        """Remove a document; absent ones are fine."""
 
     @abstractmethod
     def list_documents(self, prefix: str) -> list[str]:
@@ -193,39 +221,44 @@ class LocalBlobStore(BlobStore):
                 "create it, make it writable, or choose another directory for the store"
             ) from error
 
-    def has(self, sha256: str) -> bool:
-        return self._blob_path(sha256).is_file()
+    def stored_size(self, sha256: str) -> int | None:
+        try:
+            return self._blob_path(sha256).stat().st_size
+        except FileNotFoundError:
+            return None
 
     def put_file(self, path: str | os.PathLike[str], sha256: str | None = None) -> bool:
-        if sha256 is not None and self.has(sha256):
+        size = os.stat(path).st_size
+        if sha256 is not None and self.stored_size(sha256) == size:
             return False
-        # Hash while copying: one read of the source, and what is published is what was hashed.
+        # Hash while copying: one read of the source, and what is published is what was hashed. The
+        # temp file is locked while it is written, so that a start-up tells it from a killed writer's.
         tmp_dir = self.root / BLOBS
         tmp_dir.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=tmp_dir, prefix=".tmp-")
-        tmp = Path(name)
-        try:
-            digest = hashlib.sha256()
-            with open(path, "rb") as source, os.fdopen(fd, "wb") as out:
+        fd, tmp = locked_temp_file(tmp_dir, ".tmp-")
+        # The lock lasts until `out` is closed, after the rename: a cleaner never takes a file mid-way.
+        with open(path, "rb") as source, os.fdopen(fd, "wb") as out:
+            try:
+                digest = hashlib.sha256()
                 while chunk := source.read(CHUNK_BYTES):
                     digest.update(chunk)
                     out.write(chunk)
                 out.flush()
                 os.fsync(out.fileno())
-            actual = digest.hexdigest()
-            if sha256 is not None and actual != sha256:
-                raise BlobIntegrityError(
-                    f"{path} has sha256 {actual}, not {sha256}; it changed or is not that blob"
-                )
-            final = self._blob_path(actual)
-            if final.is_file():
-                return False
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, final)
-            return True
-        finally:
-            tmp.unlink(missing_ok=True)
+                actual = digest.hexdigest()
+                if sha256 is not None and actual != sha256:
+                    raise BlobIntegrityError(
+                        f"{path} has sha256 {actual}, not {sha256}; it changed or is not that blob"
+                    )
+                if self.stored_size(actual) == out.tell():
+                    return False
+                final = self._blob_path(actual)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, final)
+                return True
+            finally:
+                tmp.unlink(missing_ok=True)
 
     def open(self, sha256: str) -> IO[bytes]:
         try:
@@ -249,15 +282,16 @@ class LocalBlobStore(BlobStore):
                         stat = path.stat()
                         yield BlobInfo(path.name, stat.st_size, datetime.fromtimestamp(stat.st_mtime, UTC))
 
-    def remove_stale_uploads(self, older_than: datetime) -> int:
-        """The `.tmp-*` files of writers killed mid-upload (younger ones may still be written)."""
-        removed = 0
-        for tmp in (self.root / BLOBS).glob(".tmp-*"):
-            with suppress(FileNotFoundError):
-                if datetime.fromtimestamp(tmp.stat().st_mtime, UTC) < older_than:
-                    tmp.unlink()
-                    removed += 1
-        return removed
+    def remove_stale_uploads(self, older_than: datetime | None = None) -> Removed:
+        """The `.tmp-*` files of writers killed mid-upload: a live writer holds its file's lock."""
+
+        def last_written_before(tmp: Path) -> bool:
+            try:
+                return older_than is None or datetime.fromtimestamp(tmp.stat().st_mtime, UTC) < older_than
+            except FileNotFoundError:
+                return False
+
+        return remove_abandoned(t for t in (self.root / BLOBS).glob(".tmp-*") if last_written_before(t))
 
     def put_object(self, key: str, data: bytes) -> None:
         dest = self.root / _document_key(key)
@@ -271,6 +305,9 @@ class LocalBlobStore(BlobStore):
                 return _read_at_most(document, max_bytes, f"document {key!r} in {self.location}")
         except FileNotFoundError:
             raise BlobNotFoundError(f"no document {key!r} in {self.location}") from None
+
+    def delete_object(self, key: str) -> None:
+        (self.root / _document_key(key)).unlink(missing_ok=True)
 
     def list_documents(self, prefix: str) -> list[str]:
         folder = self.root / _document_key(prefix.rstrip("/"))
@@ -396,23 +433,24 @@ class S3BlobStore(BlobStore):
         with self._errors("check"):
             self.client.head_bucket(Bucket=self.bucket)
 
-    def has(self, sha256: str) -> bool:
+    def stored_size(self, sha256: str) -> int | None:
         try:
             with self._errors(f"head {sha256}"):
-                self.client.head_object(Bucket=self.bucket, Key=self._key(blob_key(sha256)))
+                head = self.client.head_object(Bucket=self.bucket, Key=self._key(blob_key(sha256)))
         except BlobNotFoundError:
-            return False
-        return True
+            return None
+        return int(head["ContentLength"])
 
     def put_file(self, path: str | os.PathLike[str], sha256: str | None = None) -> bool:
-        if sha256 is not None and self.has(sha256):
+        size = os.stat(path).st_size
+        if sha256 is not None and self.stored_size(sha256) == size:
             return False
         actual, _size = sha256_file(path)
         if sha256 is not None and actual != sha256:
             raise BlobIntegrityError(
                 f"{path} has sha256 {actual}, not {sha256}; it changed or is not that blob"
             )
-        if sha256 is None and self.has(actual):  # a given sha256 was looked up above
+        if sha256 is None and self.stored_size(actual) == size:  # a given sha256 was looked up above
             return False
         with self._errors(f"upload of {actual}"):
             self.client.upload_file(
@@ -459,6 +497,10 @@ class S3BlobStore(BlobStore):
     def get_object(self, key: str, max_bytes: int | None = None) -> bytes:
         with _ResumingReader(self, self._key(_document_key(key)), f"read of {key}") as body:
             return _read_at_most(body, max_bytes, f"document {key!r} in {self.location}")
+
+    def delete_object(self, key: str) -> None:
+        with self._errors(f"delete of {key}"):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(_document_key(key)))
 
     def list_documents(self, prefix: str) -> list[str]:
         folder = _document_key(prefix.rstrip("/")) + "/"

@@ -35,6 +35,7 @@ from warmup.db.queue import RetryStrategy, TaskQueue
 from warmup.db.records import ClaimedTask, FileRef, Keyed
 from warmup.db.repository import Repository, pool_entry
 from warmup.errors import LeaseLostError, RehearsalError, StoreError, WarmupError
+from warmup.leftovers import locked_temp_dir, remove_abandoned
 from warmup.logs import log_context
 from warmup.settings import Settings
 from warmup.signature import Signature
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from warmup.rehearsal.runner import SignatureResult
 
 log = logging.getLogger("warmup.worker")
+TASK_FOLDER = "warmup-task-"
 
 
 @dataclass
@@ -145,6 +147,7 @@ class Worker:
     def run(self) -> list[TaskOutcome]:
         """Work until `stop` is set (or, with exit_when_idle, until the queue has nothing for us)."""
         self.store.check()
+        self.remove_leftovers()
         for size, toolchain in self.toolchains.items():
             self.repository.register_worker(
                 self._registration(size),
@@ -178,6 +181,19 @@ class Worker:
         finally:
             self._deregister()
         return self.outcomes
+
+    def remove_leftovers(self) -> None:
+        """Task folders and upload temp files that killed workers left, said and removed; those of live
+        workers sharing the folder or the store are locked by them and stay (warmup/leftovers.py)."""
+        work_dir = self.options.work_dir or Path(tempfile.gettempdir())
+        folders = remove_abandoned(sorted(work_dir.glob(f"{TASK_FOLDER}*")))
+        uploads = self.store.remove_stale_uploads()
+        for removed, what in (
+            (folders, f"task folders in {work_dir}"),
+            (uploads, f"upload temp files in {self.store.location}"),
+        ):
+            if removed.paths:
+                log.warning("%s", removed.describe(what))
 
     def _stopped_in_an_outage(self, error: BaseException) -> bool:
         """Asked to stop while waiting out a database outage: the wait ends, and so does the worker."""
@@ -224,7 +240,8 @@ class Worker:
             return TaskOutcome(task.id, signature.shape_label, "failed", 0.0, "orphan task")
         heartbeat = _Heartbeat(self.queue, task.id, self.options.worker_id, self.options.lease_s)
         heartbeat.start()
-        work = Path(tempfile.mkdtemp(prefix=f"warmup-task-{task.id}-", dir=self.options.work_dir))
+        # Locked while the task runs: a worker starting meanwhile leaves it alone (remove_leftovers).
+        lock, work = locked_temp_dir(self.options.work_dir, f"{TASK_FOLDER}{task.id}-")
         try:
             result = self._rehearse(Spec.model_validate(task.spec.data), signature, work, heartbeat)
             if heartbeat.lost.is_set():
@@ -267,6 +284,7 @@ class Worker:
         finally:
             heartbeat.cancel()
             shutil.rmtree(work, ignore_errors=True)
+            os.close(lock)
 
     # --- steps -------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from warmup.api.deps import ServicesDep
@@ -16,13 +16,26 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="The database and the blob store answer")
-def readyz(services: ServicesDep) -> JSONResponse:
+@router.get("/readyz", summary="The database and the blob store answer; damage the store check found")
+def readyz(request: Request, services: ServicesDep) -> JSONResponse:
     problems = [p for p in (services.database_ready(), services.store_ready()) if p]
     if problems:
         return JSONResponse(
             {"status": "unavailable", "problems": problems},
             status_code=503,
             headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        )
+    damaged, _found = request.app.state.stats.damaged_blobs()
+    if damaged:
+        # Still 200: the service serves every intact cache, and a probe that failed would take it out of
+        # rotation for all of them. The body says so (docs/how-to/repair-store.md).
+        return JSONResponse(
+            {
+                "status": "degraded",
+                "problems": [
+                    f"store: {damaged} blobs found damaged by `warmup store check`; the jobs that listed "
+                    "them are not ready until submitted again"
+                ],
+            }
         )
     return JSONResponse({"status": "ready"})

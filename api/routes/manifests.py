@@ -49,6 +49,8 @@ _REQUEST_BODY = {
 )
 async def get_manifest(request: Request, services: ServicesDep) -> Response:
     raw = await request.body()
+    if services.damage.due():
+        await run_in_threadpool(services.damage.check)
     body_key = hashlib.sha256(raw).digest()
     keys = services.manifest_requests.get(body_key)
     if keys is not None:
@@ -77,6 +79,7 @@ def _manifest(body: ManifestRequest, services: Services) -> tuple[bytes, tuple[s
 
 
 def _build(body: ManifestRequest, services: Services, keys: tuple[str, str]) -> bytes:
+    damage_seen = services.damage.generation  # entries read before the store check removed some: not kept
     plan = services.plan(body.spec)
     labels = {s.key(): s.shape_label for s in plan.signatures}
     job_id = services.repository.find_job(*keys)
@@ -101,7 +104,7 @@ def _build(body: ManifestRequest, services: Services, keys: tuple[str, str]) -> 
         raise PartlyWarmedError([labels.get(k, k[:12]) for k in manifest.missing])
     payload = json.dumps(manifest.model_dump(mode="json")).encode()
     if not manifest.missing:
-        services.manifests.put(keys, payload)
+        services.damage.keep(damage_seen, lambda: services.manifests.put(keys, payload))
     return payload
 
 

@@ -96,6 +96,13 @@ class DatabaseCollector(Collector):
         blob_count, blob_bytes = stats.blobs()
         yield GaugeMetricFamily("warmup_blobs", "Blobs in the store.", value=blob_count)
         yield GaugeMetricFamily("warmup_blob_bytes", "Bytes of the blobs in the store.", value=blob_bytes)
+        damaged, _found = stats.damaged_blobs()
+        yield GaugeMetricFamily(
+            "warmup_damaged_blobs",
+            "Blobs `warmup store check` found missing or altered in the store and nobody stored again yet; "
+            "the jobs that listed them are not ready until submitted again.",
+            value=damaged,
+        )
         entries = GaugeMetricFamily(
             "warmup_entries", "Cache entries by toolchain.", labels=["toolchain", "toolchain_key"]
         )

@@ -2,8 +2,10 @@
 
 It shows the newest jobs with each signature's state and compile seconds, the caches per toolchain
 with their size, and the coverage training runs reported over time. When auth is required it needs a
-`read` token like every other read: in the Authorization header, or as `?token=` for a browser
-(logs redact it; the page is sent with no-store and no-referrer so the URL does not travel on).
+`read` token like every other read, in the Authorization header. A browser sends no header when it opens
+a page, so this one page also takes `?token=`, and only a token whose one scope is `read`: a URL is kept in
+the browser's history whatever the logs redact (they do), and a submit or admin token must not be (the page
+is sent with no-store and no-referrer so the URL does not travel on).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from warmup.api.deps import ServicesDep, authorize, bearer_token
 from warmup.api.stats import CacheRow, CoveragePoint, Stats
 from warmup.db.records import JobStatus, SignatureStatus
 from warmup.db.repository import Repository
+from warmup.errors import AuthError
 from warmup.formatting import format_duration
 from warmup.signature import Signature
 from warmup.spec import Spec
@@ -73,9 +76,21 @@ class JobView:
 def status_page(
     request: Request,
     services: ServicesDep,
-    token: str | None = Query(None, description="A read token, for browsers (or use the header)."),
+    token: str | None = Query(None, description="A read-only token, for browsers (or use the header)."),
 ) -> HTMLResponse:
-    authorize(services, bearer_token(request) or token, "read")
+    header = bearer_token(request)
+    authorize(services, header or token, "read")
+    if (
+        services.settings.auth_required
+        and not header
+        and token
+        and services.token_scopes(token) != frozenset({"read"})
+    ):
+        raise AuthError(
+            "?token= takes a token whose only scope is 'read' (a URL stays in the browser's history): "
+            "create one with `warmup token create --scope read`, or send this one in the Authorization header",
+            status=403,
+        )
     stats: Stats = request.app.state.stats
     repository = services.repository
     summaries = repository.list_jobs(limit=MAX_JOBS)
@@ -105,6 +120,7 @@ def status_page(
             running=sum(n for (_, state), n in tasks.items() if state == "running"),
             workers=sum(stats.workers().values()),
             blobs=stats.blobs(),
+            damaged=stats.damaged_blobs(),
             reports=reports,
             fresh=fresh,
             saved=saved,

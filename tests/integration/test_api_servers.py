@@ -9,8 +9,8 @@ import pytest
 from tests.support.twins import twins
 from tests.unit import test_api
 
-# Every test of the unit module that takes `services`, with the fixtures it needs (tests/support/twins.py).
-globals().update(twins(test_api, {"services"}))
+# Every test of the unit module that takes `services` (or the database and store under it), with its fixtures (tests/support/twins.py).
+globals().update(twins(test_api, {"services", "db_url", "store_url"}))
 
 
 @pytest.fixture(params=["sqlite-s3", "postgresql-local", "postgresql-s3"])

@@ -380,3 +380,161 @@ def test_settings_refuse_a_presign_endpoint_without_an_s3_store():
     with pytest.raises(ValueError, match="not an http"):
         Settings(store_url="s3://bucket/cache", presign_endpoint_url="s3.example.com")
     assert Settings(store_url="s3://bucket/cache", presign_endpoint_url="https://s3.example.com")
+
+
+# --- a store that checks itself ---------------------------------------------------------------------
+
+
+def overwrite_blob(store, sha256: str, data: bytes) -> None:
+    """Replace a stored copy's bytes behind the store's back, as a failing disk or a stray write would."""
+    from tests.unit.test_store import overwrite
+
+    overwrite(store, sha256, data)
+
+
+def test_store_check_finds_damage_and_submitting_again_rewarms_it(api, services, model_dir, tmp_path):
+    import time
+
+    from warmup.api.services import REVOCATION_CHECK_S
+    from warmup.db.integrity import check_store
+
+    spec, tc = spec_body(model_dir, max_tokens=100, max_length=128), cpu_toolchain()
+    submit = {"spec": spec, "toolchain": tc.model_dump()}
+    job = api.post("/v1/warmups", json=submit).json()
+    assert play_worker(services, tc.key(), tmp_path) >= 2
+    manifest = api.post("/v1/manifests", json=submit).json()
+    flipped, deleted = manifest["files"][0], manifest["files"][-1]
+    assert flipped["sha256"] != deleted["sha256"]
+    data = bytearray(api.get(f"/v1/blobs/{flipped['sha256']}").content)
+    data[0] ^= 0xFF  # one byte flipped, the size kept
+    overwrite_blob(services.store, flipped["sha256"], bytes(data))
+    services.store.delete(deleted["sha256"])
+    assert api.get("/readyz").json() == {"status": "ready"}  # nothing knows yet
+
+    report = check_store(services.engine, services.store)
+    problems = {d.sha256: d.problem for d in report.damaged}
+    assert problems.keys() == {flipped["sha256"], deleted["sha256"]}
+    assert problems[deleted["sha256"]] == "missing from the store"
+    assert problems[flipped["sha256"]].startswith("its bytes have sha256 ")
+    assert report.entries_removed == 2 and report.blobs_checked == len(manifest["files"])
+    assert not services.store.has(flipped["sha256"])  # the bad copy is gone: storing writes a good one
+
+    time.sleep(REVOCATION_CHECK_S)  # the API forgets the manifest it keeps in memory within this
+    partly = api.post("/v1/manifests", json=submit)
+    assert partly.status_code == 409 and len(partly.json()["detail"]["missing"]) == 2
+    readiness = api.get("/readyz")
+    assert readiness.status_code == 200 and readiness.json()["status"] == "degraded"
+    assert "2 blobs found damaged" in readiness.json()["problems"][0]
+    assert "warmup_damaged_blobs 2.0" in api.get("/metrics").text
+    assert "found 2 blob(s) damaged" in api.get("/").text
+    status = api.get(f"/v1/warmups/{job['id']}").json()
+    assert status["state"] == "incomplete"
+    damaged = [s for s in status["signatures"] if s["state"] != "ready"]
+    assert len(damaged) == 2 and all("warmup store check" in s["error"] for s in damaged)
+
+    again = api.post("/v1/warmups", json=submit).json()
+    assert again["id"] == job["id"] and again["state"] == "queued"
+    assert play_worker(services, tc.key(), tmp_path) == 2
+    assert api.get(f"/v1/warmups/{job['id']}").json()["state"] == "ready"
+    assert api.get("/readyz").json() == {"status": "ready"}
+    assert "warmup_damaged_blobs 0.0" in api.get("/metrics").text
+    for file in (flipped, deleted):
+        served = api.get(f"/v1/blobs/{file['sha256']}")
+        assert served.status_code == 200 and hashlib.sha256(served.content).hexdigest() == file["sha256"]
+    clean = check_store(services.engine, services.store)
+    assert clean.damaged == [] and clean.blobs_checked == len(manifest["files"])
+
+
+def test_store_check_dry_run_and_quick(api, services, model_dir, tmp_path):
+    from warmup.db.integrity import check_store
+
+    submit = {"spec": spec_body(model_dir), "toolchain": cpu_toolchain().model_dump()}
+    job = api.post("/v1/warmups", json=submit).json()
+    play_worker(services, cpu_toolchain().key(), tmp_path)
+    file = api.post("/v1/manifests", json=submit).json()["files"][0]
+    content = api.get(f"/v1/blobs/{file['sha256']}").content
+    overwrite_blob(services.store, file["sha256"], bytes([content[0] ^ 1]) + content[1:])
+
+    assert check_store(services.engine, services.store, read_back=False).damaged == []  # sizes agree
+    looked = check_store(services.engine, services.store, repair=False)
+    assert [d.sha256 for d in looked.damaged] == [file["sha256"]] and looked.entries_removed == 0
+    assert api.get(f"/v1/warmups/{job['id']}").json()["state"] == "ready"  # --dry-run changed nothing
+
+    overwrite_blob(services.store, file["sha256"], content[:-1])  # cut short: --quick sees it
+    quick = check_store(services.engine, services.store, read_back=False)
+    assert [d.problem for d in quick.damaged] == [f"{len(content) - 1} bytes stored, {len(content)} recorded"]
+    assert api.get(f"/v1/warmups/{job['id']}").json()["state"] == "incomplete"
+
+
+def test_a_revoked_token_is_refused_within_the_bound(db_url, tmp_path, model_dir):
+    import time
+
+    from warmup.api.services import REVOCATION_CHECK_S
+
+    settings = Settings(
+        data_dir=tmp_path, database_url=db_url, store_url=str(tmp_path / "b"), auth="required"
+    )
+    services = Services.start(settings)
+    tokens = TokenStore(services.engine)
+    info, token = tokens.create("pod", ["read"])
+    _, ci = tokens.create("ci", ["read", "submit"])
+    with TestClient(create_app(services=services)) as api:
+        header = {"Authorization": f"Bearer {token}"}
+        assert api.get("/v1/warmups", headers=header).status_code == 200  # verified, and cached
+        tokens.revoke(info.id)  # as `warmup token revoke` does, from another process
+        time.sleep(REVOCATION_CHECK_S)
+        refused = api.get("/v1/warmups", headers=header)
+        assert refused.status_code == 401 and "revoked" in refused.json()["detail"]["message"]
+
+        # The status page alone takes ?token= (a browser sends no header), and only a read-only token.
+        _, reader = tokens.create("browser", ["read"])
+        assert api.get(f"/?token={reader}").status_code == 200
+        wide = api.get(f"/?token={ci}")
+        assert wide.status_code == 403 and "only scope is 'read'" in wide.json()["detail"]["message"]
+        assert api.get("/", headers={"Authorization": f"Bearer {ci}"}).status_code == 200
+        assert api.get(f"/v1/warmups?token={reader}").status_code == 401  # the API: the header only
+    services.close()
+
+
+def test_what_was_read_before_a_revocation_is_not_cached_after_it():
+    """A token verified just before a revocation, whose answer arrives after the cache was emptied for it,
+    must not go into the cache (it would live there for the cache's whole TTL)."""
+    from warmup.api.services import ChangeWatch
+
+    revoked, cache = [0], {}
+    watch = ChangeWatch(lambda: revoked[0], cache.clear, every_s=0.0)
+    watch.check()
+    before = watch.generation  # a request starts verifying its token ...
+    revoked[0] += 1  # ... the token is revoked, and another request sees it first
+    watch.check()
+    watch.keep(before, lambda: cache.update(token="read"))
+    assert cache == {}
+    watch.keep(watch.generation, lambda: cache.update(token="read"))  # nothing changed since: kept
+    assert cache == {"token": "read"}
+
+
+def test_the_background_pass_finds_a_deleted_blob(db_url, store_url, tmp_path, model_dir):
+    import time
+
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=db_url,
+        store_url=store_url,
+        auth="off",
+        store_check_interval_s=0.2,
+    )
+    services = Services.start(settings)
+    try:
+        with TestClient(create_app(services=services)) as api:
+            submit = {"spec": spec_body(model_dir), "toolchain": cpu_toolchain().model_dump()}
+            job = api.post("/v1/warmups", json=submit).json()
+            play_worker(services, cpu_toolchain().key(), tmp_path)
+            file = api.post("/v1/manifests", json=submit).json()["files"][0]
+            services.store.delete(file["sha256"])
+            deadline = time.monotonic() + 60  # a pass runs every 0.2 s; the bound only ends a broken test
+            while api.get("/readyz").json()["status"] != "degraded":
+                assert time.monotonic() < deadline, "no pass found the deleted blob"
+                time.sleep(0.1)
+            assert api.get(f"/v1/warmups/{job['id']}").json()["state"] == "incomplete"
+    finally:
+        services.close()

@@ -103,6 +103,79 @@ def test_a_file_that_does_not_match_its_sha256_is_not_stored(store: BlobStore, t
         assert [p.name for p in store.root.rglob("*") if p.is_file()] == []  # no temp file left
 
 
+def overwrite(store: BlobStore, sha256: str, data: bytes) -> None:
+    """Replace a stored copy's bytes behind the store's back (bit rot, a stray write, a bad restore)."""
+    if isinstance(store, S3BlobStore):
+        store.client.put_object(Bucket=store.bucket, Key=store.prefix + blob_key(sha256), Body=data)
+    else:
+        assert isinstance(store, LocalBlobStore)
+        (store.root / blob_key(sha256)).write_bytes(data)
+
+
+def test_verify_reads_the_copy_back(store: BlobStore, tmp_path: Path) -> None:
+    path, sha = write(tmp_path / "graph.neff", 70_000)
+    store.put_file(path, sha)
+    assert store.verify(sha, 70_000) is None
+    flipped = bytearray(path.read_bytes())
+    flipped[1234] ^= 0x01
+    overwrite(store, sha, bytes(flipped))
+    assert store.verify(sha, 70_000) == f"its bytes have sha256 {hashlib.sha256(flipped).hexdigest()}"
+    overwrite(store, sha, bytes(flipped[:-10]))
+    assert store.verify(sha, 70_000) == "69990 bytes stored, 70000 recorded"
+    store.delete(sha)
+    assert store.verify(sha) == "missing from the store"
+
+
+def test_a_copy_of_another_size_is_replaced(store: BlobStore, tmp_path: Path) -> None:
+    path, sha = write(tmp_path / "kernel.so", 40_000)
+    store.put_file(path, sha)
+    overwrite(store, sha, path.read_bytes()[:1000])  # cut short
+    assert store.stored_size(sha) == 1000
+    assert store.put_file(path, sha) is True
+    assert store.verify(sha, 40_000) is None and store.stored_size(sha) == 40_000
+
+
+def test_documents_are_deleted(store: BlobStore) -> None:
+    store.put_object("manifests/spec/toolchain.json", b"{}")
+    store.delete_object("manifests/spec/toolchain.json")
+    store.delete_object("manifests/spec/never-there.json")
+    assert store.list_documents("manifests/") == []
+
+
+def test_start_up_removes_the_uploads_of_killed_writers_only(tmp_path: Path) -> None:
+    from warmup.leftovers import locked_temp_file
+
+    store = LocalBlobStore(tmp_path / "store")
+    store.check()
+    killed = store.root / "blobs" / ".tmp-killed"  # a writer that died holds no lock
+    killed.write_bytes(b"half a blob")
+    fd, live = locked_temp_file(store.root / "blobs", ".tmp-")  # what put_file holds while it writes
+    try:
+        removed = store.remove_stale_uploads()
+        assert removed.paths == [killed] and removed.bytes == len(b"half a blob")
+        assert live.exists() and not killed.exists()
+        assert (
+            removed.describe("uploads")
+            == "removed 1 uploads left by killed processes (11 bytes): .tmp-killed"
+        )
+    finally:
+        os.close(fd)
+    assert store.remove_stale_uploads().paths == [live]  # its writer is gone now
+
+
+def test_a_writer_whose_temp_file_a_cleaner_took_makes_another(tmp_path: Path) -> None:
+    from warmup.leftovers import hold, remove_abandoned
+
+    path = tmp_path / ".tmp-x"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDWR)  # created, not yet locked: the cleaner's moment
+    try:
+        assert remove_abandoned([path]).paths == [path]
+        assert hold(fd) is False  # the writer finds it unlinked and starts over
+    finally:
+        os.close(fd)
+
+
 def test_download_checks_the_sha256(tmp_path: Path) -> None:
     store = LocalBlobStore(tmp_path / "blobs")
     path, sha = write(tmp_path / "graph.bin", 1000)

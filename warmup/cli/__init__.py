@@ -6,6 +6,7 @@
 - `submit`: submit a job to the service (CI pre-warming), print this machine's toolchain;
 - `pod`: pull, exec and coverage, for training pods (base install only);
 - `service`: serve, worker, token and gc, for the service's own machines;
+- `store`: `store check`, the blob store read back against the database;
 - `selftest`: the zero-compile proof on this machine (tiny jobs warmed, then trained fresh).
 
 Each command imports what it needs when it runs, so `warmup pull` on a training pod starts fast and
@@ -20,7 +21,7 @@ import difflib
 import sys
 from collections.abc import Sequence
 
-from warmup.cli import advise, facts, local, pod, selftest, service, submit
+from warmup.cli import advise, facts, local, pod, selftest, service, store, submit
 from warmup.errors import SpecError, WarmupError
 
 
@@ -37,6 +38,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     facts.register(sub)
     advise.register(sub)
     service.register(sub, with_options=command is None or command in service.COMMANDS)
+    store.register(sub, with_options=command is None or command in store.COMMANDS)
     submit.register(sub)
     pod.register(sub)
     selftest.register(sub)

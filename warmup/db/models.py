@@ -98,6 +98,8 @@ class Blob(Base):
 
     `reserved_until` protects a blob that no entry references yet: a worker reserves its blobs before
     uploading them, and garbage collection only removes unreferenced blobs whose reservation is over.
+    `damaged_at` and `damage`: when and how `warmup store check` found the stored copy wrong (missing,
+    or other bytes); the check removed the entries that listed it, and storing the blob again clears it.
     """
 
     __tablename__ = "blobs"
@@ -106,6 +108,8 @@ class Blob(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(default=db_now())
     reserved_until: Mapped[datetime] = mapped_column(default=db_now(), index=True)
+    damaged_at: Mapped[datetime | None] = mapped_column(index=True)
+    damage: Mapped[str | None] = mapped_column(Text)
 
 
 class Entry(Base):

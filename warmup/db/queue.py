@@ -300,6 +300,7 @@ class TaskQueue:
                 raise LeaseLostError(task_id, worker_id)
             blobs = sorted({f.sha256: f.size for f in files}.items())  # one lock order for everyone
             self._insert_ignore(session, m.Blob, [{"sha256": sha, "size": size} for sha, size in blobs])
+            self._clear_damage(session, [sha for sha, _size in blobs])
             entry_id: int | None = session.execute(
                 dialect_insert(session, m.Entry)
                 .values(
@@ -396,6 +397,16 @@ class TaskQueue:
         """The task is running and leased to this worker. An expired lease still counts until another
         worker claims the task: the work done meanwhile is as good as any."""
         return (m.Task.id == task_id, m.Task.state == TaskState.running, m.Task.lease_owner == worker_id)
+
+    @staticmethod
+    def _clear_damage(session: Session, shas: list[str]) -> None:
+        """The blobs were stored again for this entry: what `warmup store check` found is mended."""
+        for chunk in _chunks(shas):
+            session.execute(
+                update(m.Blob)
+                .where(m.Blob.sha256.in_(chunk), m.Blob.damaged_at.is_not(None))
+                .values(damaged_at=None, damage=None)
+            )
 
     def _tail(self, log: str) -> str:
         return log[-self.log_limit :]

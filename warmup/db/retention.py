@@ -69,7 +69,7 @@ def collect_garbage(
     database and the store. Store objects older than `orphan_age_s` that have no row are adopted
     first (objects younger than that may belong to an upload in progress)."""
     sessions = make_sessionmaker(engine)
-    stale = store.remove_stale_uploads(datetime.now(UTC) - timedelta(seconds=orphan_age_s))
+    stale = len(store.remove_stale_uploads(datetime.now(UTC) - timedelta(seconds=orphan_age_s)).paths)
     adopted = _adopt_orphans(sessions, store, orphan_age_s)
     unreferenced = (
         m.Blob.reserved_until < db_now(),

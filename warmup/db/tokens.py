@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Engine, select, update
+from sqlalchemy import CursorResult, Engine, func, select, update
 
 from warmup.db import models as m
 from warmup.db.columns import db_now
@@ -73,6 +73,15 @@ class TokenStore:
                 )
             ).scalar_one_or_none()
             return frozenset(row.scopes) if row else None
+
+    def revocations(self) -> tuple[int, datetime | None]:
+        """(how many tokens are revoked, the latest revocation): changes whenever a token is revoked, and
+        costs one read of a table of a few rows, so an API process can ask it every second."""
+        with self._sessions() as session:
+            count, latest = session.execute(
+                select(func.count(), func.max(m.Token.revoked_at)).where(m.Token.revoked_at.is_not(None))
+            ).one()
+            return int(count), latest
 
     def list(self) -> list[TokenInfo]:
         with self._sessions() as session:
