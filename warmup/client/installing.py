@@ -43,6 +43,8 @@ from warmup.retry import RESTART, RETRY_VARIABLE, Backoff, retry_budget_s, retry
 if TYPE_CHECKING:
     from hashlib import _Hash
 
+    from warmup.spec import Spec
+
 
 @dataclass(frozen=True)
 class PullProgress:
@@ -105,6 +107,7 @@ def install(
     on_progress: ProgressCallback | None = None,
     attempts: int | None = None,
     trust_index: bool = True,
+    spec: Spec | None = None,
 ) -> PullResult:
     """Download and verify every file of `manifest` into `dest`; skip files already there and intact
     (by the index when `trust_index` and their stat is unchanged, else by their sha256).
@@ -112,6 +115,7 @@ def install(
     All paths are checked before anything is written. Files are downloaded into this install's own
     staging folder and renamed into place only once every one of them is verified: a failed install
     leaves `dest` as it was, but for what killed pulls had left in `DEST/.warmup-tmp`, removed first.
+    `spec`, the manifest's, is kept beside it (the offline fallback of `warmup exec` matches on it).
     """
     started = time.monotonic()
     target = Path(dest).resolve()
@@ -124,11 +128,11 @@ def install(
     installed = False
     try:
         if plan.todo:
-            installed = _download_and_commit(plan, manifest, source, result, made, parallel=parallel,
+            installed = _download_and_commit(plan, manifest, spec, source, result, made, parallel=parallel,
                                              attempts=attempts, on_progress=on_progress, started=started)  # fmt: skip
         else:
             result.removed_leftovers = sweep_staging(target)
-            commit(plan, manifest, {})
+            commit(plan, manifest, {}, spec)
             installed = True
     finally:
         _clean_up(plan, made, installed=installed)
@@ -143,6 +147,7 @@ def install(
 def _download_and_commit(
     plan: InstallPlan,
     manifest: Manifest,
+    spec: Spec | None,
     source: BlobSource,
     result: PullResult,
     made: list[Path],
@@ -160,7 +165,7 @@ def _download_and_commit(
         staged = download(plan, staging.path, source, result, **options)
         if result.failures:
             return False
-        commit(plan, manifest, staged)
+        commit(plan, manifest, staged, spec)
         return True
     finally:
         for leftover in staged.values():
@@ -425,13 +430,13 @@ def _failure(failures: list[tuple[str, BaseException]], todo: int, attempts: int
 # --- 4. commit ------------------------------------------------------------------------------------
 
 
-def commit(plan: InstallPlan, manifest: Manifest, staged: dict[str, Path]) -> None:
+def commit(plan: InstallPlan, manifest: Manifest, staged: dict[str, Path], spec: Spec | None = None) -> None:
     """Every file is verified: rename each into place, then record them in the index and write the
     local manifest (what the training process reads)."""
     for file in plan.todo:
         os.replace(staged.pop(file.path), plan.dest / file.path)
         plan.index.record(plan.dest, file)
-    save_local_manifest(plan.dest, manifest)
+    save_local_manifest(plan.dest, manifest, spec)
 
 
 def _clean_up(plan: InstallPlan, made: list[Path], *, installed: bool) -> None:

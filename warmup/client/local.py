@@ -16,15 +16,20 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from warmup.client.service import CHUNK
 from warmup.errors import WarmupError
 from warmup.manifest import Manifest, ManifestFile, parse_manifest
 
+if TYPE_CHECKING:
+    from warmup.spec import Spec
+
 INDEX_NAME = ".warmup-index.json"
 TEMP_DIR_NAME = ".warmup-tmp"
 # What each pull installed, by spec key: the training process (the callback, `warmup exec`) reads it.
 LOCAL_MANIFESTS_DIR = ".warmup-manifests"
+SPEC_SUFFIX = ".spec.json"  # beside each manifest there, the spec it was pulled for
 
 # sha256, size, mtime_ns, inode, ctime_ns: as git's index, a file is taken as unchanged while all four
 # stat fields match; `touch -r` restores an mtime but not a ctime.
@@ -40,12 +45,42 @@ def read_local_manifest(cache_dir: str | Path, spec_key: str) -> Manifest | None
         return None
 
 
-def save_local_manifest(dest: Path, manifest: Manifest) -> None:
+def save_local_manifest(dest: Path, manifest: Manifest, spec: Spec | None = None) -> None:
+    """Write the manifest a pull installed (and its spec, which `find_installed` matches on)."""
     folder = dest / LOCAL_MANIFESTS_DIR
     folder.mkdir(exist_ok=True)
+    if spec is not None:
+        write_replacing(folder / f"{manifest.spec_key}{SPEC_SUFFIX}", spec.canonical_json())
     write_replacing(
         folder / f"{manifest.spec_key}.json", json.dumps(manifest.without_urls().model_dump(mode="json"))
     )
+
+
+def find_installed(cache_dir: str | Path, spec: Spec) -> tuple[Manifest, Spec] | None:
+    """The manifest a pull of `spec` installed into `cache_dir`, with its spec; else the newest one
+    installed for the same job with other data facts (pulled with `--dataset` or `--sample`, which the
+    command at hand may not repeat: the facts only choose which shapes were warmed). None if neither."""
+    from warmup.spec import Spec
+
+    manifest = read_local_manifest(cache_dir, spec.key())
+    if manifest is not None:
+        return manifest, spec
+    folder = Path(cache_dir) / LOCAL_MANIFESTS_DIR
+    found: list[tuple[int, Manifest, Spec]] = []
+    for path in folder.glob(f"*{SPEC_SUFFIX}") if folder.is_dir() else ():
+        try:
+            other = Spec.model_validate_json(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if other.model_copy(update={"data": spec.data}).key() != spec.key():
+            continue
+        manifest = read_local_manifest(cache_dir, other.key())
+        if manifest is not None:
+            found.append((path.stat().st_mtime_ns, manifest, other))
+    if not found:
+        return None
+    _, manifest, other = max(found, key=lambda item: item[0])
+    return manifest, other
 
 
 def write_replacing(path: Path, text: str) -> None:
