@@ -48,13 +48,13 @@ def retrying(
     *,
     transient: Callable[[BaseException], bool],
     backoff: Backoff = RESTART,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> T:
     """`call()`, again after a delay each time it raises an error `transient` accepts, until it returns,
     raises another error, or the attempts or the time budget run out (then its last error is raised).
     An error with a `retry_after_s` attribute (a service that said when to come back) waits that long
-    at least."""
+    at least, and the backoff doubles from there. `sleep` is time.sleep, looked up when it sleeps."""
     budget = retry_budget_s() if backoff.budget_s is None else backoff.budget_s
     started = clock()
     delay = backoff.first_delay_s
@@ -66,8 +66,9 @@ def retrying(
         except BaseException as error:
             if not transient(error):
                 raise
-            wait = max(delay, float(getattr(error, "retry_after_s", 0.0)))
+            told = float(getattr(error, "retry_after_s", 0.0))
+            wait = max(delay, told)
             if attempt >= backoff.attempts or clock() - started + wait > budget:
                 raise
-        sleep(wait)
-        delay = min(delay * 2, backoff.max_delay_s)
+        (sleep or time.sleep)(wait)
+        delay = min(wait * 2, max(backoff.max_delay_s, 2 * told))

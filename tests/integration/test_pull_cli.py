@@ -85,6 +85,11 @@ def api_url(services):
         yield url
 
 
+# A port nothing listens on is retried for as long as a service takes to restart: not here.
+def no_retries() -> dict[str, str]:
+    return {**os.environ, "WARMUP_RETRY_S": "1"}
+
+
 def warmup(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "warmup", *(str(a) for a in args)]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
@@ -211,14 +216,26 @@ def test_print_env_and_exec_set_the_cache_and_the_compile_policy(
 
     # The service is away when the training container starts: the initContainer's pull is enough.
     away = warmup(
-        "exec", spec_file, "--server", "http://127.0.0.1:9", "--dest", dest, "--", sys.executable, "-c", child
+        "exec",
+        spec_file,
+        "--server",
+        "http://127.0.0.1:9",
+        "--dest",
+        dest,
+        "--",
+        sys.executable,
+        "-c",
+        child,
+        env=no_retries(),
     )
     assert away.returncode == 0, away.stderr
     assert "cannot reach" in away.stderr and "using the cache an earlier pull installed" in away.stderr
     assert json.loads(away.stdout.strip().splitlines()[-1])["limits"] == [limit, accumulated]
     victim = next(p for p in dest.rglob("entry"))
     victim.write_bytes(b"changed")  # ... unless the cache is not intact any more
-    broken = warmup("exec", spec_file, "--server", "http://127.0.0.1:9", "--dest", dest, "--", "true")
+    broken = warmup(
+        "exec", spec_file, "--server", "http://127.0.0.1:9", "--dest", dest, "--", "true", env=no_retries()
+    )
     assert (
         broken.returncode == 1 and "cannot reach" in broken.stderr and "using the cache" not in broken.stderr
     )
@@ -233,7 +250,9 @@ def test_refusals_name_the_cause_and_the_exit_codes_say_which(
     assert mismatch.returncode == 1
     assert f"torch: {pod_toolchain.torch!r} here vs '2.14.1' in the cache" in mismatch.stderr
 
-    unreachable = warmup("pull", spec_file, "--server", "http://127.0.0.1:9", "--dest", tmp_path / "b")
+    unreachable = warmup(
+        "pull", spec_file, "--server", "http://127.0.0.1:9", "--dest", tmp_path / "b", env=no_retries()
+    )
     assert unreachable.returncode == 1 and "cannot reach http://127.0.0.1:9" in unreachable.stderr
 
     bad = tmp_path / "bad.json"
