@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -120,7 +121,7 @@ def install(
     started = time.monotonic()
     target = Path(dest).resolve()
     files = check_paths(manifest, target)
-    plan = plan_install(target, files, trust_index=trust_index)
+    plan = plan_install(target, files, trust_index=trust_index, parallel=parallel)
     result = PullResult(
         manifest=manifest, dest=target, skipped=len(files) - len(plan.todo), hashed=plan.hashed
     )
@@ -243,26 +244,34 @@ def _refuse_own_state_links(dest: Path) -> None:
 # --- 2. plan --------------------------------------------------------------------------------------
 
 
-def plan_install(dest: Path, files: list[ManifestFile], *, trust_index: bool = True) -> InstallPlan:
+def plan_install(
+    dest: Path, files: list[ManifestFile], *, trust_index: bool = True, parallel: int = 16
+) -> InstallPlan:
     """Create `dest` if needed and work out which files must be downloaded: those not already there and
-    intact (by the index when `trust_index` and their stat is unchanged, else by their sha256)."""
+    intact (by the index when `trust_index` and their stat is unchanged, else by their sha256, hashed on
+    `parallel` threads: hashlib lets go of the GIL)."""
     created = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
     index = LocalIndex.load(dest)
     todo: list[ManifestFile] = []
-    hashed = 0
+    to_hash: list[ManifestFile] = []
     for file in [] if created else files:
         unchanged = index.unchanged(dest, file)
         if unchanged is False:
             todo.append(file)
-            continue
-        if unchanged and trust_index:
-            continue
-        hashed += 1
-        if not index.verified(dest, file, trust_index=False):
-            todo.append(file)  # altered: downloaded again and replaced
+        elif not (unchanged and trust_index):
+            to_hash.append(file)
+    if to_hash:
+        with ThreadPoolExecutor(max_workers=min(max(1, parallel), len(to_hash))) as pool:
+            intact = list(pool.map(lambda file: index.verified(dest, file, trust_index=False), to_hash))
+        todo += [file for file, ok in zip(to_hash, intact, strict=True) if not ok]  # altered: replaced
     return InstallPlan(
-        dest=dest, created=created, files=files, todo=files if created else todo, index=index, hashed=hashed
+        dest=dest,
+        created=created,
+        files=files,
+        todo=files if created else todo,
+        index=index,
+        hashed=len(to_hash),
     )
 
 
