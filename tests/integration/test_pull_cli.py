@@ -241,6 +241,43 @@ def test_print_env_and_exec_set_the_cache_and_the_compile_policy(
     )
 
 
+def test_a_file_altered_with_its_size_and_mtime_kept_is_never_called_verified(
+    api_url, services, spec_file, pod_toolchain, tmp_path
+):
+    """exec's offline fallback hashes every file before it trains, and finds the install of a pull whose
+    spec had data facts (as `--dataset` adds) that exec's own spec lacks; a pull replaces an altered file."""
+    warm(services, spec_file, pod_toolchain, tmp_path / "scratch")
+    dest = tmp_path / "cache"
+    pulled = warmup("pull", spec_file, "--server", api_url, "--dest", dest)
+    assert pulled.returncode == 0, pulled.stderr
+    doc = json.loads(spec_file.read_text())
+    del doc["data"]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(doc))
+    child = "import json, os; print(json.dumps(json.loads(os.environ['WARMUP_SPEC'])['data']))"
+    offline = ("--server", "http://127.0.0.1:9", "--dest", dest, "--")
+
+    away = warmup("exec", bare, *offline, sys.executable, "-c", child, env=no_retries())
+    assert away.returncode == 0, away.stderr
+    assert "(3 files, sha256 verified)" in away.stderr and "other data facts" in away.stderr
+    assert json.loads(away.stdout.strip().splitlines()[-1])["max_tokens"] == 60  # the pull's spec
+
+    victim = next(p for p in dest.rglob("entry"))
+    right = victim.read_bytes()
+    stat = victim.stat()
+    victim.write_bytes(bytes([right[0] ^ 1]) + right[1:])
+    os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as `touch -r` restores it
+    assert (victim.stat().st_size, victim.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    refused = warmup("exec", spec_file, *offline, "true", env=no_retries())
+    assert refused.returncode == 1 and "cannot reach" in refused.stderr
+    assert "using the cache" not in refused.stderr and "verified" not in refused.stderr
+
+    again = warmup("pull", spec_file, "--server", api_url, "--dest", dest)
+    assert again.returncode == 0, again.stderr
+    assert "installed 1 file(s)" in again.stderr and "up to date" not in again.stderr
+    assert victim.read_bytes() == right
+
+
 def test_refusals_name_the_cause_and_the_exit_codes_say_which(
     api_url, services, spec_file, pod_toolchain, tmp_path
 ):

@@ -92,7 +92,7 @@ class InstallPlan:
     files: list[ManifestFile]
     todo: list[ManifestFile]
     index: LocalIndex
-    hashed: int = 0  # files already in place whose sha256 the plan checked (the others: by the index)
+    hashed: int = 0  # files already in place whose sha256 the plan checked and found right
 
     @property
     def bytes_total(self) -> int:
@@ -271,7 +271,7 @@ def plan_install(
         files=files,
         todo=files if created else todo,
         index=index,
-        hashed=len(to_hash),
+        hashed=sum(intact) if to_hash else 0,
     )
 
 
