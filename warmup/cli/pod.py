@@ -341,7 +341,7 @@ def _how_checked(in_place: int, hashed: int) -> str:
         return ""
     if hashed == in_place:
         return " (sha256 verified)"
-    unchanged = "unchanged since a pull verified them (size, mtime, inode and ctime as its index recorded)"
+    unchanged = "unchanged since a pull verified them: size, mtime, inode and ctime as the index recorded"
     return f" ({hashed} sha256 verified, {in_place - hashed} {unchanged})" if hashed else f" ({unchanged})"
 
 
