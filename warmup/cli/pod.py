@@ -314,13 +314,15 @@ def _server(ns: argparse.Namespace) -> str | None:
 
 
 def summary_line(result: Any) -> str:
+    from warmup.client.local import TEMP_DIR_NAME
+
     seconds = max(result.seconds, 1e-6)
     lines = []
     files, size = getattr(result, "removed_leftovers", (0, 0))
     if files:
         lines.append(
             f"removed {files} file(s), {_mb(size)} MB, that killed pulls had left in "
-            f"{result.dest}/.warmup-tmp\n"
+            f"{result.dest / TEMP_DIR_NAME}\n"
         )
     checked = _how_checked(result.skipped, getattr(result, "hashed", 0))
     if not result.downloaded:
