@@ -9,6 +9,7 @@ tests/reliability/test_pod_crashes.py.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 from pathlib import Path
 
@@ -178,3 +179,33 @@ def test_the_offline_fallback_finds_an_install_pulled_with_other_data_facts(tmp_
     assert found == with_facts and manifest is not None and manifest.spec_key == with_facts.key()
     other_config = spec.model_copy(update={"args": {"max_length": 256}})
     assert find_installed(tmp_path, other_config) is None
+
+
+def test_pulls_into_one_directory_at_once_each_keep_their_staging_and_all_install(server, tmp_path):  # noqa: F811
+    """Eight pulls at once (threads: an flock of one is held against the others' as between processes),
+    with a dead pull's leftovers there: each installs, none removes another's staged files."""
+    import threading
+
+    files = [server.file(f"k{i:02d}/entry", os.urandom(2000 + i)) for i in range(40)]
+    dest = tmp_path / "cache"
+    dest.mkdir()
+    dead_pulls_leftovers(dest)
+    errors: list[BaseException] = []
+    results = []
+
+    def pull() -> None:
+        try:
+            results.append(install(manifest_of(files), dest, HttpBlobSource(None), parallel=2))
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=pull) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(results) == 8
+    assert sum(r.removed_leftovers[0] for r in results) == 2  # removed once, by whichever swept first
+    assert not (dest / TEMP_DIR_NAME).exists()
+    for file in files:
+        assert hashlib.sha256((dest / file.path).read_bytes()).hexdigest() == file.sha256
