@@ -4,8 +4,8 @@ A pull runs in a process of its own (`warmup.pull` with a given toolchain: no to
 HTTP server in this process, and is killed at a random moment of its life, 20 times into one directory;
 then one pull must leave nothing of the killed ones behind: no `.warmup-tmp`, every file verified, the
 directory holding exactly the cache and the client's own state. On a tmpfs sized for the cache, one
-killed pull must not lock the pod out. `warmup pull` and `warmup submit --wait` run while the real
-`warmup serve` (embedded setup) is stopped and started again, and succeed.
+killed pull must not lock the pod out. A pull (the same process) and `warmup submit --wait` run while the
+real `warmup serve` (embedded setup) is stopped and started again, and succeed.
 """
 
 from __future__ import annotations
