@@ -85,6 +85,11 @@ def api_url(services):
         yield url
 
 
+# A port nothing listens on is retried for as long as a service takes to restart: not here.
+def no_retries() -> dict[str, str]:
+    return {**os.environ, "WARMUP_RETRY_S": "1"}
+
+
 def warmup(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "warmup", *(str(a) for a in args)]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
@@ -211,17 +216,69 @@ def test_print_env_and_exec_set_the_cache_and_the_compile_policy(
 
     # The service is away when the training container starts: the initContainer's pull is enough.
     away = warmup(
-        "exec", spec_file, "--server", "http://127.0.0.1:9", "--dest", dest, "--", sys.executable, "-c", child
+        "exec",
+        spec_file,
+        "--server",
+        "http://127.0.0.1:9",
+        "--dest",
+        dest,
+        "--",
+        sys.executable,
+        "-c",
+        child,
+        env=no_retries(),
     )
     assert away.returncode == 0, away.stderr
     assert "cannot reach" in away.stderr and "using the cache an earlier pull installed" in away.stderr
     assert json.loads(away.stdout.strip().splitlines()[-1])["limits"] == [limit, accumulated]
     victim = next(p for p in dest.rglob("entry"))
     victim.write_bytes(b"changed")  # ... unless the cache is not intact any more
-    broken = warmup("exec", spec_file, "--server", "http://127.0.0.1:9", "--dest", dest, "--", "true")
+    broken = warmup(
+        "exec", spec_file, "--server", "http://127.0.0.1:9", "--dest", dest, "--", "true", env=no_retries()
+    )
     assert (
         broken.returncode == 1 and "cannot reach" in broken.stderr and "using the cache" not in broken.stderr
     )
+
+
+def test_a_file_altered_with_its_size_and_mtime_kept_is_never_called_verified(
+    api_url, services, spec_file, pod_toolchain, tmp_path
+):
+    """exec's offline fallback hashes every file before it trains, and finds the install of a pull whose
+    spec had data facts (as `--dataset` adds) that exec's own spec lacks; a pull replaces an altered file."""
+    warm(services, spec_file, pod_toolchain, tmp_path / "scratch")
+    dest = tmp_path / "cache"
+    pulled = warmup("pull", spec_file, "--server", api_url, "--dest", dest)
+    assert pulled.returncode == 0, pulled.stderr
+    doc = json.loads(spec_file.read_text())
+    del doc["data"]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(doc))
+    child = "import json, os; print(json.dumps(json.loads(os.environ['WARMUP_SPEC'])['data']))"
+    offline = ("--server", "http://127.0.0.1:9", "--dest", dest, "--")
+
+    away = warmup("exec", bare, *offline, sys.executable, "-c", child, env=no_retries())
+    assert away.returncode == 0, away.stderr
+    installed = read_local_manifest(dest, load_spec(spec_file).key())
+    assert installed is not None
+    assert f"({len(installed.files)} files, sha256 verified)" in away.stderr, away.stderr
+    assert "other data facts" in away.stderr
+    assert json.loads(away.stdout.strip().splitlines()[-1])["max_tokens"] == 60  # the pull's spec
+
+    victim = next(p for p in dest.rglob("entry"))
+    right = victim.read_bytes()
+    stat = victim.stat()
+    victim.write_bytes(bytes([right[0] ^ 1]) + right[1:])
+    os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as `touch -r` restores it
+    assert (victim.stat().st_size, victim.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    refused = warmup("exec", spec_file, *offline, "true", env=no_retries())
+    assert refused.returncode == 1 and "cannot reach" in refused.stderr
+    assert "using the cache" not in refused.stderr and "verified" not in refused.stderr
+
+    again = warmup("pull", spec_file, "--server", api_url, "--dest", dest)
+    assert again.returncode == 0, again.stderr
+    assert "installed 1 file(s)" in again.stderr and "up to date" not in again.stderr
+    assert victim.read_bytes() == right
 
 
 def test_refusals_name_the_cause_and_the_exit_codes_say_which(
@@ -233,7 +290,9 @@ def test_refusals_name_the_cause_and_the_exit_codes_say_which(
     assert mismatch.returncode == 1
     assert f"torch: {pod_toolchain.torch!r} here vs '2.14.1' in the cache" in mismatch.stderr
 
-    unreachable = warmup("pull", spec_file, "--server", "http://127.0.0.1:9", "--dest", tmp_path / "b")
+    unreachable = warmup(
+        "pull", spec_file, "--server", "http://127.0.0.1:9", "--dest", tmp_path / "b", env=no_retries()
+    )
     assert unreachable.returncode == 1 and "cannot reach http://127.0.0.1:9" in unreachable.stderr
 
     bad = tmp_path / "bad.json"

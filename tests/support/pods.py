@@ -102,6 +102,7 @@ class HostileService:
     bytes_sent: int = 0
     url: str = ""
     hold_until: Path | None = None  # blobs are answered once this file exists (a slow download)
+    blob_delay_s: float = 0.0  # each blob answered this late (a pull that lasts long enough to be killed)
 
 
 @contextmanager
@@ -125,6 +126,7 @@ def hostile_service(state: HostileService) -> Iterator[HostileService]:
 
         def do_GET(self) -> None:
             state.blob_requests += 1
+            time.sleep(state.blob_delay_s)
             deadline = time.monotonic() + 120
             while (
                 state.hold_until is not None and not state.hold_until.exists() and time.monotonic() < deadline

@@ -314,17 +314,37 @@ def _server(ns: argparse.Namespace) -> str | None:
 
 
 def summary_line(result: Any) -> str:
+    from warmup.client.local import TEMP_DIR_NAME
+
     seconds = max(result.seconds, 1e-6)
-    if not result.downloaded:
-        return (
-            f"{result.dest} is up to date: {result.skipped} file(s) already in place, nothing downloaded "
-            f"({result.seconds:.2f}s)"
+    lines = []
+    files, size = getattr(result, "removed_leftovers", (0, 0))
+    if files:
+        lines.append(
+            f"removed {files} file(s), {_mb(size)} MB, that killed pulls had left in "
+            f"{result.dest / TEMP_DIR_NAME}\n"
         )
-    return (
+    checked = _how_checked(result.skipped, getattr(result, "hashed", 0))
+    if not result.downloaded:
+        return "".join(lines) + (
+            f"{result.dest} is up to date: {result.skipped} file(s) already in place{checked}, nothing "
+            f"downloaded ({result.seconds:.2f}s)"
+        )
+    return "".join(lines) + (
         f"installed {result.downloaded} file(s), {_mb(result.bytes_downloaded)} MB, into {result.dest} in "
         f"{result.seconds:.2f}s ({_mb(result.bytes_downloaded / seconds)} MB/s, "
-        f"{result.downloaded / seconds:.0f} files/s, sha256 verified); {result.skipped} already in place"
+        f"{result.downloaded / seconds:.0f} files/s, sha256 verified); {result.skipped} already in place{checked}"
     )
+
+
+def _how_checked(in_place: int, hashed: int) -> str:
+    """How the files already in place were checked: "verified" only for those whose sha256 was."""
+    if not in_place:
+        return ""
+    if hashed == in_place:
+        return " (sha256 verified)"
+    unchanged = "unchanged since a pull verified them: size, mtime, inode and ctime as the index recorded"
+    return f" ({hashed} sha256 verified, {in_place - hashed} {unchanged})" if hashed else f" ({unchanged})"
 
 
 def _mb(size: float) -> str:
@@ -452,7 +472,8 @@ def cmd_exec(ns: argparse.Namespace) -> int:
         else:
             env = _pull_beside_the_command(ns, spec)
     except ServerUnreachableError as error:
-        env = child_environment(spec, _installed_instead(ns, spec, error), _server(ns))
+        result, installed_spec = _installed_instead(ns, spec, error)
+        env = child_environment(installed_spec, result, _server(ns))
     env = {**os.environ, **env}
     if ns.strict:  # read by WarmupCallback, which warmup/_sitecustomize adds to every Trainer under --strict
         env["WARMUP_STRICT"] = "1"
@@ -528,30 +549,34 @@ def _pull_beside_the_command(ns: argparse.Namespace, spec: Any) -> dict[str, str
     return {**env, **install_beside(pending, describe=summary_line, after=after)}
 
 
-def _installed_instead(ns: argparse.Namespace, spec: Any, error: ServerUnreachableError) -> Any:
+def _installed_instead(ns: argparse.Namespace, spec: Any, error: ServerUnreachableError) -> tuple[Any, Any]:
     """When the service cannot be reached, train on what an earlier pull installed in DEST (the
-    initContainer's), provided it was pulled for this toolchain and every file is still intact."""
+    initContainer's, for this job whatever data facts it was pulled with), provided it was pulled for
+    this toolchain and every file's sha256 is still right. Returns the install and the spec it was
+    pulled for (the training process finds the cache by it)."""
     from warmup.client.installing import install
-    from warmup.client.local import read_local_manifest
+    from warmup.client.local import find_installed
     from warmup.toolchain import remembered_toolchain
 
-    manifest = read_local_manifest(ns.dest, spec.key())
+    found = find_installed(ns.dest, spec) if ns.dest else None
     target = spec.target
     toolchain = remembered_toolchain(
         target.backend, target.device, world_size=target.world_size, directory=ns.dest
     )
-    if manifest is None or manifest.toolchain_key != toolchain.key():
+    if found is None or found[0].toolchain_key != toolchain.key():
         raise error
-    try:
-        result = install(manifest, ns.dest, _Unreachable(error))  # verifies; downloads nothing
+    manifest, installed_spec = found
+    try:  # hashes every file (a changed one fails: nothing to download it from); downloads nothing
+        result = install(manifest, ns.dest, _Unreachable(error), trust_index=False, spec=installed_spec)
     except WarmupError:
         raise error from None
+    facts = "" if installed_spec is spec else ", pulled with other data facts (--dataset) for this config"
     print(
-        f"warning: {error}; using the cache an earlier pull installed in {result.dest} "
-        f"({result.skipped} files, all verified)",
+        f"warning: {error}; using the cache an earlier pull installed in {result.dest}{facts} "
+        f"({result.skipped} files, sha256 verified)",
         file=sys.stderr,
     )
-    return result
+    return result, installed_spec
 
 
 class _Unreachable:

@@ -3,10 +3,11 @@
 In four steps, each a function of its own:
 1. check: every path of the manifest is refused before anything is written if it would land outside
    the destination, go through a symlink, or clash with another path or with the client's own files;
-2. plan: which files are already there and verified (the index), which must be downloaded, and
-   whether they fit on the disk;
-3. download: plain threads take files from one queue, each into a temp file in the destination,
-   checking size and sha256 as it streams and retrying transient failures with backoff;
+2. plan: which files are already there and intact (by the index's stat fields, or by their sha256),
+   which must be downloaded, and whether they fit on the disk once what killed pulls left is removed;
+3. download: plain threads take files from one queue, each into a temp file in this install's own
+   staging folder (warmup.client.local.Staging), checking size and sha256 as it streams and retrying
+   transient failures with backoff (warmup/retry.py);
 4. commit: only when every file is verified are they renamed into place, the index and the local
    manifest written. A failed install removes what it staged and the folders it made.
 """
@@ -21,25 +22,29 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from warmup.client.local import (
     INDEX_NAME,
     LOCAL_MANIFESTS_DIR,
     TEMP_DIR_NAME,
     LocalIndex,
+    Staging,
     save_local_manifest,
+    sweep_staging,
 )
 from warmup.client.sources import BlobSource, TransientDownloadError, retryable
 from warmup.errors import BlobIntegrityError, StoreError, UnsafeArtifactError, WarmupError
 from warmup.manifest import Manifest, ManifestFile, check_relative_path
+from warmup.retry import RESTART, RETRY_VARIABLE, Backoff, retry_budget_s, retrying
 
 if TYPE_CHECKING:
     from hashlib import _Hash
 
-DOWNLOAD_ATTEMPTS = 4
+    from warmup.spec import Spec
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,9 @@ class PullResult:
     bytes_downloaded: int = 0
     seconds: float = 0.0
     failures: list[tuple[str, BaseException]] = field(default_factory=list)
+    hashed: int = 0  # of the `skipped` files already in place, those whose sha256 this install checked
+    # What pulls killed earlier had left in DEST/.warmup-tmp, removed by this one: files, bytes.
+    removed_leftovers: tuple[int, int] = (0, 0)
     # How `pull` found the toolchain: given, remembered, exact, predicted, computed (warmup.toolchain).
     toolchain_source: str = ""
 
@@ -84,6 +92,7 @@ class InstallPlan:
     files: list[ManifestFile]
     todo: list[ManifestFile]
     index: LocalIndex
+    hashed: int = 0  # files already in place whose sha256 the plan checked and found right
 
     @property
     def bytes_total(self) -> int:
@@ -97,39 +106,72 @@ def install(
     *,
     parallel: int = 16,
     on_progress: ProgressCallback | None = None,
-    attempts: int = DOWNLOAD_ATTEMPTS,
+    attempts: int | None = None,
+    trust_index: bool = True,
+    spec: Spec | None = None,
 ) -> PullResult:
-    """Download and verify every file of `manifest` into `dest`; skip files already there and verified.
+    """Download and verify every file of `manifest` into `dest`; skip files already there and intact
+    (by the index when `trust_index` and their stat is unchanged, else by their sha256).
 
-    All paths are checked before anything is written. Files are downloaded to temp files and renamed
-    into place only once every one of them is verified: a failed install leaves `dest` as it was.
+    All paths are checked before anything is written. Files are downloaded into this install's own
+    staging folder and renamed into place only once every one of them is verified: a failed install
+    leaves `dest` as it was, but for what killed pulls had left in `DEST/.warmup-tmp`, removed first.
+    `spec`, the manifest's, is kept beside it (the offline fallback of `warmup exec` matches on it).
     """
     started = time.monotonic()
     target = Path(dest).resolve()
     files = check_paths(manifest, target)
-    plan = plan_install(target, files)
-    result = PullResult(manifest=manifest, dest=target, skipped=len(files) - len(plan.todo))
+    plan = plan_install(target, files, trust_index=trust_index, parallel=parallel)
+    result = PullResult(
+        manifest=manifest, dest=target, skipped=len(files) - len(plan.todo), hashed=plan.hashed
+    )
     made: list[Path] = []  # folders this install created: removed again if it fails
-    staged: dict[str, Path] = {}
     installed = False
     try:
         if plan.todo:
-            (target / TEMP_DIR_NAME).mkdir(exist_ok=True)
-        # Before the downloads start: with them running, each mkdir would wait for the GIL.
-        _make_folders(target, plan.todo, made)
-        staged = download(plan, source, result, parallel=parallel, attempts=attempts, on_progress=on_progress,
-                          started=started)  # fmt: skip
-        if not result.failures:
-            commit(plan, manifest, staged)
+            installed = _download_and_commit(plan, manifest, spec, source, result, made, parallel=parallel,
+                                             attempts=attempts, on_progress=on_progress, started=started)  # fmt: skip
+        else:
+            result.removed_leftovers = sweep_staging(target)
+            commit(plan, manifest, {}, spec)
             installed = True
     finally:
-        _clean_up(plan, staged, made, installed=installed)
+        _clean_up(plan, made, installed=installed)
     result.seconds = time.monotonic() - started
     if result.failures:
         raise _failure(result.failures, len(plan.todo), attempts)
     if on_progress:
         on_progress(_progress(len(files), len(files), result.bytes_downloaded, plan, started))
     return result
+
+
+def _download_and_commit(
+    plan: InstallPlan,
+    manifest: Manifest,
+    spec: Spec | None,
+    source: BlobSource,
+    result: PullResult,
+    made: list[Path],
+    **options: Any,
+) -> bool:
+    """In a staging folder of its own (which first removes what killed pulls left): check that the files
+    fit, download them, and rename them into place once all are verified. Whether they were installed."""
+    staging = Staging.open(plan.dest)
+    staged: dict[str, Path] = {}
+    try:
+        result.removed_leftovers = staging.removed
+        _refuse_more_than_fits(plan.dest, plan.bytes_total)
+        # Before the downloads start: with them running, each mkdir would wait for the GIL.
+        _make_folders(plan.dest, plan.todo, made)
+        staged = download(plan, staging.path, source, result, **options)
+        if result.failures:
+            return False
+        commit(plan, manifest, staged, spec)
+        return True
+    finally:
+        for leftover in staged.values():
+            leftover.unlink(missing_ok=True)
+        staging.close()
 
 
 # --- 1. check -------------------------------------------------------------------------------------
@@ -202,25 +244,40 @@ def _refuse_own_state_links(dest: Path) -> None:
 # --- 2. plan --------------------------------------------------------------------------------------
 
 
-def plan_install(dest: Path, files: list[ManifestFile]) -> InstallPlan:
-    """Create `dest` if needed and work out which files must be downloaded (those not already there,
-    verified); refuses files that do not fit on the disk (removing `dest` again if it made it)."""
+def plan_install(
+    dest: Path, files: list[ManifestFile], *, trust_index: bool = True, parallel: int = 16
+) -> InstallPlan:
+    """Create `dest` if needed and work out which files must be downloaded: those not already there and
+    intact (by the index when `trust_index` and their stat is unchanged, else by their sha256, hashed on
+    `parallel` threads: hashlib lets go of the GIL)."""
     created = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
     index = LocalIndex.load(dest)
-    todo = files if created else [file for file in files if not index.verified(dest, file)]
-    plan = InstallPlan(dest=dest, created=created, files=files, todo=todo, index=index)
-    try:
-        _refuse_more_than_fits(dest, plan.bytes_total)
-    except UnsafeArtifactError:
-        if created:
-            dest.rmdir()
-        raise
-    return plan
+    todo: list[ManifestFile] = []
+    to_hash: list[ManifestFile] = []
+    for file in [] if created else files:
+        unchanged = index.unchanged(dest, file)
+        if unchanged is False:
+            todo.append(file)
+        elif not (unchanged and trust_index):
+            to_hash.append(file)
+    if to_hash:
+        with ThreadPoolExecutor(max_workers=min(max(1, parallel), len(to_hash))) as pool:
+            intact = list(pool.map(lambda file: index.verified(dest, file, trust_index=False), to_hash))
+        todo += [file for file, ok in zip(to_hash, intact, strict=True) if not ok]  # altered: replaced
+    return InstallPlan(
+        dest=dest,
+        created=created,
+        files=files,
+        todo=files if created else todo,
+        index=index,
+        hashed=sum(intact) if to_hash else 0,
+    )
 
 
 def _refuse_more_than_fits(dest: Path, needed: int) -> None:
-    """A manifest whose files do not fit on the disk is refused before the disk is filled."""
+    """A manifest whose files do not fit on the disk is refused before the disk is filled (what killed
+    pulls left in the staging folder is removed first, so it counts as free)."""
     free = shutil.disk_usage(dest).free
     if needed > free:
         raise UnsafeArtifactError(
@@ -244,21 +301,21 @@ def _make_folders(dest: Path, files: list[ManifestFile], made: list[Path]) -> No
 
 def download(
     plan: InstallPlan,
+    temp_dir: Path,
     source: BlobSource,
     result: PullResult,
     *,
     parallel: int,
-    attempts: int,
+    attempts: int | None,
     on_progress: ProgressCallback | None,
     started: float,
 ) -> dict[str, Path]:
-    """Download the plan's files into verified temp files; returns them by path. Failures are recorded
+    """Download the plan's files into verified temp files in `temp_dir`; returns them by path. Failures are recorded
     in `result.failures`: after the first, the threads stop once their current file is done."""
     lock = threading.Lock()
     streamed = 0
     done = len(plan.files) - len(plan.todo)
     staged: dict[str, Path] = {}
-    temp_dir = plan.dest / TEMP_DIR_NAME
     queue = iter(plan.todo)
     stop = threading.Event()  # set when a file has failed, or the install was interrupted
 
@@ -317,11 +374,12 @@ def _progress(done: int, total: int, streamed: int, plan: InstallPlan, started: 
 
 
 def _download_one(
-    temp_dir: Path, file: ManifestFile, source: BlobSource, count: Callable[[int], None], attempts: int
+    temp_dir: Path, file: ManifestFile, source: BlobSource, count: Callable[[int], None], attempts: int | None
 ) -> Path:
-    """Download one blob into a verified temp file in `temp_dir`; transient failures are retried."""
-    delay = 0.5
-    for attempt in range(1, attempts + 1):
+    """Download one blob into a verified temp file in `temp_dir`; transient failures are retried (for as
+    long as the service takes to restart, or `attempts` times)."""
+
+    def once() -> Path:
         handle, name = tempfile.mkstemp(dir=temp_dir, prefix=file.sha256[:12])
         try:
             with os.fdopen(handle, "wb") as out:
@@ -335,14 +393,16 @@ def _download_one(
                     f"sha256 mismatch for {file.path} (blob {file.sha256[:12]} is corrupt in the store)"
                 )
             return Path(name)
-        except BaseException as error:
+        except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(name)
-            if attempt == attempts or not retryable(error):
-                raise
-        time.sleep(delay)
-        delay *= 2
-    raise AssertionError("unreachable")
+            raise
+
+    return retrying(once, transient=retryable, backoff=_backoff(attempts))
+
+
+def _backoff(attempts: int | None) -> Backoff:
+    return RESTART if attempts is None else Backoff(attempts=attempts)
 
 
 def _copy_stream(
@@ -362,17 +422,15 @@ def _copy_stream(
     return size
 
 
-def _failure(failures: list[tuple[str, BaseException]], todo: int, attempts: int) -> WarmupError:
+def _failure(failures: list[tuple[str, BaseException]], todo: int, attempts: int | None) -> WarmupError:
     """The error a failed install raises: the first failure's kind (a WarmupError's own, else StoreError)."""
     path, error = failures[0]
     kind = type(error) if isinstance(error, WarmupError) else StoreError
     remedy = ""
     if kind is TransientDownloadError or retryable(error):
         kind = StoreError
-        remedy = (
-            f" (tried {attempts} times: check that the blob store is up and reachable from here, "
-            "then pull again)"
-        )
+        tried = f"{attempts} times" if attempts else f"for up to {retry_budget_s():.0f}s, {RETRY_VARIABLE}"
+        remedy = f" (tried {tried}: check that the blob store is up and reachable from here, then pull again)"
     return kind(
         f"{len(failures)} of {todo} file(s) failed, nothing was installed; first: {path}: {error}{remedy}"
     )
@@ -381,24 +439,20 @@ def _failure(failures: list[tuple[str, BaseException]], todo: int, attempts: int
 # --- 4. commit ------------------------------------------------------------------------------------
 
 
-def commit(plan: InstallPlan, manifest: Manifest, staged: dict[str, Path]) -> None:
+def commit(plan: InstallPlan, manifest: Manifest, staged: dict[str, Path], spec: Spec | None = None) -> None:
     """Every file is verified: rename each into place, then record them in the index and write the
     local manifest (what the training process reads)."""
     for file in plan.todo:
         os.replace(staged.pop(file.path), plan.dest / file.path)
         plan.index.record(plan.dest, file)
-    save_local_manifest(plan.dest, manifest)
+    save_local_manifest(plan.dest, manifest, spec)
 
 
-def _clean_up(plan: InstallPlan, staged: dict[str, Path], made: list[Path], *, installed: bool) -> None:
-    """Remove what a failed install left (staged files, folders it made, `dest` if it made it); save the
-    index of a successful one."""
-    for leftover in staged.values():
-        leftover.unlink(missing_ok=True)
+def _clean_up(plan: InstallPlan, made: list[Path], *, installed: bool) -> None:
+    """Save the index of a successful install; remove what a failed one made (folders, `dest` if it made
+    it)."""
     if plan.index.changed and installed:  # a failed install leaves dest as it was
         plan.index.save(plan.dest)
-    with contextlib.suppress(OSError):
-        (plan.dest / TEMP_DIR_NAME).rmdir()
     if not installed:
         for folder in reversed(made):
             with contextlib.suppress(OSError):

@@ -107,6 +107,7 @@ class PendingInstall:
     (warmup/client/background.py), since the manifest alone sets that command's environment."""
 
     manifest: Manifest
+    spec: Spec
     dest: Path
     blobs: BlobSource
     source: str  # where the manifest came from, for the summary
@@ -125,6 +126,7 @@ class PendingInstall:
             self.blobs,
             parallel=self.options.parallel,
             on_progress=self.options.on_progress,
+            spec=self.spec,
         )
         result.source = self.source
         result.toolchain_source = self.toolchain_source
@@ -176,6 +178,7 @@ def prepare_pull(
         blobs, where = HttpBlobSource(client.server, client.auth_headers, client.timeout), client.server
     return PendingInstall(
         manifest=manifest,
+        spec=spec,
         dest=Path(dest).resolve(),
         blobs=blobs,
         source=where,

@@ -34,6 +34,7 @@ from warmup.errors import (
 )
 from warmup.errors import FieldProblem as _FieldProblem
 from warmup.manifest import Manifest, parse_manifest
+from warmup.retry import RESTART, RETRY_VARIABLE, Backoff, retry_budget_s, retrying
 
 DEFAULT_TIMEOUT_S = 30.0  # per connect and per read, for API calls and blob downloads
 CHUNK = 1 << 20
@@ -54,13 +55,14 @@ class ServiceClient:
         *,
         token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
-        attempts: int = 4,
+        attempts: int | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         token = token or os.environ.get("WARMUP_TOKEN")
         self.auth_headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.timeout = timeout
-        self.attempts = attempts
+        # A call is retried for as long as the service takes to restart, or `attempts` times at most.
+        self.backoff = RESTART if attempts is None else Backoff(attempts=attempts)
 
     def close(self) -> None:
         """Nothing is kept open between API calls; kept for `with ServiceClient(...)`."""
@@ -94,7 +96,7 @@ class ServiceClient:
             request = urllib.request.Request(url, data=data, headers=headers, method=method)
             return fetch_answer(request, self.timeout, max_bytes)
 
-        answer = with_retries(call, what=url, attempts=self.attempts)
+        answer = with_retries(call, what=url, backoff=self.backoff)
         if 300 <= answer.status < 400:
             raise ServerError(
                 f"{url} answered HTTP {answer.status}, a redirect to {answer.headers.get('Location')}, which is "
@@ -269,28 +271,45 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def with_retries(
-    call: Callable[[], Answer], *, what: str, attempts: int = 4, first_delay: float = 0.5
-) -> Answer:
-    """Retry transient failures (connection errors, 429 and 5xx) with exponential backoff."""
-    delay = first_delay
-    for attempt in range(1, attempts + 1):
-        try:
-            answer = call()
-        except TransportError as error:
-            if attempt == attempts:
-                raise ServerUnreachableError(
-                    f"cannot reach {what} ({error}); is the server running and "
-                    "the URL right? (--server / WARMUP_SERVER)"
-                ) from None
-        else:
-            if answer.status not in RETRYABLE_STATUS or attempt == attempts:
-                return answer
-            # A service that says when to come back (503 during a database restart) is believed.
-            delay = max(delay, retry_after_s(answer))
-        time.sleep(delay)
-        delay *= 2
-    raise AssertionError("unreachable")
+class _RetryableAnswer(Exception):
+    """A 429 or 5xx answer, raised so that `retrying` tries again; the last one is returned."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(answer.status)
+        self.answer = answer
+        # A service that says when to come back (503 during a database restart) is believed.
+        self.retry_after_s = retry_after_s(answer)
+
+
+def with_retries(call: Callable[[], Answer], *, what: str, backoff: Backoff = RESTART) -> Answer:
+    """Retry transient failures (connection errors, 429 and 5xx) with backoff, for as long as the
+    service takes to restart (warmup/retry.py)."""
+
+    def answered() -> Answer:
+        answer = call()
+        if answer.status in RETRYABLE_STATUS:
+            raise _RetryableAnswer(answer)
+        return answer
+
+    started = time.monotonic()
+    try:
+        return retrying(
+            answered, transient=lambda e: isinstance(e, TransportError | _RetryableAnswer), backoff=backoff
+        )
+    except _RetryableAnswer as last:
+        return last.answer
+    except TransportError as error:
+        raise ServerUnreachableError(
+            f"cannot reach {what} ({error}; retried for {time.monotonic() - started:.0f}s, "
+            f"at most {_bound(backoff)}); is the server running and the URL right? (--server / WARMUP_SERVER)"
+        ) from None
+
+
+def _bound(backoff: Backoff) -> str:
+    if backoff.attempts < 1000:
+        return f"{backoff.attempts} attempts"
+    budget = retry_budget_s() if backoff.budget_s is None else backoff.budget_s
+    return f"{budget:.0f}s, {RETRY_VARIABLE}"
 
 
 def retry_after_s(answer: Answer, cap_s: float = 30.0) -> float:
