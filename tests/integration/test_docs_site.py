@@ -42,7 +42,8 @@ def test_the_site_works_opened_from_disk(tmp_path: Path) -> None:
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         timeout=540,
     )
-    pages = sorted(set(site.rglob("*.html")) - {site / "404.html"})  # 404.html is a web server's, with absolute links
+    # 404.html is a web server's page, with absolute links
+    pages = sorted(set(site.rglob("*.html")) - {site / "404.html"})
     assert (site / "index.html") in pages and (site / "getting-started.html") in pages
     broken, remote = [], []
     for page in pages:
