@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel
 
 from warmup import __version__
@@ -34,7 +35,9 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
             if owned:
                 app.state.services.close()
 
-    app = FastAPI(
+    # /docs and /redoc with their scripts and styles served from the fastapi-offline package, not a CDN: the
+    # pages work where the service has no network, as it often has not.
+    app = FastAPIOffline(
         title="trl-warmup",
         version=__version__,
         summary="Pre-warmed compile caches for TRL training jobs (Trainium / TorchNeuron and torch.compile).",

@@ -216,6 +216,9 @@ def open_splits(selection: dict[str, Any], *, evaluates: bool) -> Splits:
     with _offline():
         if selection.get("dataset"):
             source = str(selection["dataset"])
+            named = selection.get("dataset_name")
+            if named and Path(str(named)).exists():  # the facts come from --dataset, but `trl` will load this
+                _load_named(str(named), selection.get("dataset_config"))
             loaded = _load_local(source, name=None)
         elif selection.get("datasets"):
             source = "datasets: " + ", ".join(str(d.get("path")) for d in selection["datasets"])
@@ -299,19 +302,40 @@ def _load_local(source: str, name: str | None) -> dict[str, Any]:
 
 
 def _load_named(name: str, config: str | None) -> dict[str, Any]:
-    """`dataset_name` as TRL's scripts load it, from this machine only: a local path or the datasets cache."""
+    """`dataset_name` as TRL's scripts load it, `load_dataset(dataset_name, name=dataset_config)`, from this machine
+    only: a local folder, or a Hub name in the datasets cache. What `trl` cannot load is refused with the form it can
+    (a data file is no `dataset_name`: `load_dataset` takes a folder or a Hub name)."""
     import datasets
 
-    if Path(name).expanduser().exists():
-        return _load_local(name, config)
+    local = Path(name).exists()  # read as it is written: `trl` neither expands `~` nor looks anywhere else
     try:
-        return dict(datasets.load_dataset(name, name=config))
+        # Streaming finds the same files as TRL's default (both resolve them before reading) and reads lazily.
+        return dict(datasets.load_dataset(name, name=config, streaming=local))
     except Exception as error:
-        raise DatasetError(
-            f"dataset_name {name!r} is neither a local path nor in this machine's datasets cache "
-            f"({_first_line(error)}); nothing is downloaded: pass --dataset PATH",
-            loc="dataset_name",
-        ) from None
+        raise DatasetError(_not_for_trl(name, error, local), loc="dataset_name") from None
+
+
+def _not_for_trl(name: str, error: BaseException, local: bool) -> str:
+    path = Path(name)
+    fails = f"datasets.load_dataset({name!r}), as `trl` calls it, fails ({_first_line(error).rstrip('.')})"
+    if path.is_file():
+        builder = DATA_FILE_BUILDERS.get(path.suffix.lower(), "json")
+        return (
+            f"{name} is a file, which `trl` cannot load: {fails}. dataset_name takes a folder or a Hub name: put the "
+            f"file in a folder of its own and set `dataset_name: FOLDER`, or list it under `datasets:` as "
+            f"`- path: {builder}` with `data_files: {name}`"
+        )
+    if local and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
+        return (
+            f"{name} is a datasets.save_to_disk directory, which `trl` cannot load: {fails}. Write it out as data "
+            "files (`load_from_disk(DIR)['train'].to_json('FOLDER/train.jsonl')`) and set `dataset_name: FOLDER`"
+        )
+    if local:
+        return f"{name}: {fails}"
+    return (
+        f"{name!r} is neither a local path nor in this machine's datasets cache "
+        f"({_first_line(error)}); nothing is downloaded: pass --dataset PATH"
+    )
 
 
 def _load_mixture(selection: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import socket
 import urllib.parse
 from dataclasses import dataclass
@@ -62,9 +63,9 @@ def read_model_facts(source: str) -> ModelFacts:
     if is_dir:
         config_path = path / "config.json"
         if not config_path.is_file():
-            raise ModelConfigError(f"model directory {source} has no config.json")
+            raise ModelConfigError(f"model directory {source} has no config.json{_where(path)}")
     elif source.startswith((".", "/", "~")):
-        raise ModelConfigError(f"model directory {source} does not exist")
+        raise ModelConfigError(f"model directory {source} does not exist{_where(path)}")
     else:
         config_path = _download_config(source)
     try:
@@ -74,6 +75,17 @@ def read_model_facts(source: str) -> ModelFacts:
     if not isinstance(config, dict):
         raise ModelConfigError(f"{config_path} is not a JSON object")
     return ModelFacts(source=source, config=config, config_hash=config_hash(config))
+
+
+def _where(path: Path) -> str:
+    """Which machine looked, and where: a spec read on one machine is planned and warmed on others."""
+    where = f" (looked on {socket.gethostname()} at {os.path.abspath(path)}"
+    if not path.is_absolute():
+        where += (
+            "; a relative path is read from the working directory of whoever reads it: run the warmup command "
+            "where the path exists, and it sends the path as an absolute one"
+        )
+    return where + ")"
 
 
 def _download_config(repo_id: str) -> Path:

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -340,6 +341,7 @@ def parse_spec(
             data["trainer"] = trainer
     if target is not None:
         data = {**data, "target": {**(data.get("target") or {}), **target}}
+    data = _local_paths_made_absolute(data)
     if isinstance(data.get("args"), dict):
         given_files = data.get("files")
         data = {
@@ -366,6 +368,32 @@ def parse_spec(
         return Spec.model_validate(data)
     except ValidationError as error:
         raise SpecError(_problems(error)) from None
+
+
+# What a spec names that `trl` reads from disk when it is a local path (transformers' from_pretrained, TRL's
+# chat_template_path): a directory or file there, else a Hub id.
+LOCAL_PATH_FIELDS = ("model", "teacher_model")
+LOCAL_PATH_ARGS = ("chat_template_path",)
+
+
+def _local_paths_made_absolute(data: dict[str, Any]) -> dict[str, Any]:
+    """Relative paths as `trl` resolves them, from the directory it runs in (this process's), made absolute here
+    so that the service and its workers read what this machine named, not their own working directory's; a Hub
+    id, or a path this machine does not have, stays as written (whoever reads it says where it looked)."""
+
+    def absolute(value: Any) -> Any:
+        if not isinstance(value, str) or not value or Path(value).is_absolute():
+            return value
+        try:
+            return os.path.abspath(value) if Path(value).exists() else value
+        except (OSError, ValueError):  # a name no filesystem holds: the reader refuses it
+            return value
+
+    data = {**data, **{key: absolute(data[key]) for key in LOCAL_PATH_FIELDS if key in data}}
+    args = data.get("args")
+    if isinstance(args, dict) and any(key in args for key in LOCAL_PATH_ARGS):
+        data["args"] = {**args, **{key: absolute(args[key]) for key in LOCAL_PATH_ARGS if key in args}}
+    return data
 
 
 def is_trl_cli_config(data: dict[str, Any]) -> bool:

@@ -207,7 +207,7 @@ def progress_bar(counts: dict[str, int], width: int = 240, height: int = 14) -> 
 
 
 def signature_strip(
-    signatures: list[tuple[str, SignatureStatus]], size: int = 12, per_row: int = 40
+    signatures: list[tuple[str, SignatureStatus]], size: int = 12, per_row: int = 20
 ) -> Markup:
     """One square per signature, coloured by state; hover shows the shape and its compile seconds."""
     cells = []

@@ -67,20 +67,23 @@ def model_dir(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("model"))
 
 
-def write_spec(path: Path, model: Path, **overrides) -> Path:
+def write_spec(path: Path, model: Path | str, **overrides) -> Path:
     spec = one_signature_sft(model)
     spec.update(overrides)
     path.write_text(yaml.safe_dump(spec))
     return path
 
 
-def submit(url: str, spec: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def submit(
+    url: str, spec: Path, *extra: str, timeout: float = 300, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "warmup", "submit", str(spec), "--server", url, *extra],
         capture_output=True,
         text=True,
         timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=cwd,
     )
 
 
@@ -91,6 +94,26 @@ def test_invalid_spec_exits_2_with_one_line(server, model_dir, tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("error: invalid spec: args.max_lenght")
     assert "Traceback" not in done.stderr
+
+
+def test_relative_paths_are_read_where_submit_runs(server, model_dir, tmp_path):
+    """As `trl` reads them, from the job's directory, not the service's; a path missing there is refused by the
+    service naming its machine and where it looked."""
+    import shutil
+
+    url, _ = server
+    job = tmp_path / "job"
+    shutil.copytree(model_dir, job / "tiny-qwen")
+    spec = write_spec(job / "job.yaml", "./tiny-qwen")
+    done = submit(url, Path(spec.name), cwd=job)
+    assert done.returncode == 0, done.stderr
+    missing = write_spec(job / "missing.yaml", "./no-such-model")
+    done = submit(url, Path(missing.name), cwd=job)
+    assert done.returncode == 2, done.stderr
+    where = f"looked on {socket.gethostname()} at {Path.cwd() / 'no-such-model'}"  # the service's directory
+    assert "model directory ./no-such-model does not exist" in done.stderr and where in done.stderr, (
+        done.stderr
+    )
 
 
 def test_nothing_to_compile_is_ready_at_once(server, model_dir, tmp_path):

@@ -102,6 +102,21 @@ def test_plan_lists_signatures_and_estimates(api, model_dir):
     assert body["estimate_seconds"]["inductor"] > 0
 
 
+def test_api_docs_load_their_assets_from_the_service(api):
+    """/docs and /redoc name no other host: a service without a network shows them."""
+    import re
+
+    for page in ("/docs", "/redoc"):
+        answer = api.get(page)
+        assert answer.status_code == 200 and "text/html" in answer.headers["content-type"]
+        assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", answer.text)
+        assert assets and not [url for url in assets if "://" in url], assets
+        for url in assets:
+            served = api.get(url)
+            assert served.status_code == 200 and len(served.content) > 1000, url
+    assert "openapi.json" in api.get("/docs").text
+
+
 def test_invalid_spec_is_422_with_field_and_reason(api, model_dir):
     bad = spec_body(model_dir, max_lenght=5)
     answer = api.post("/v1/plans", json={"spec": bad})

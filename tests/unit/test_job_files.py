@@ -119,6 +119,35 @@ def test_the_config_own_dataset_name_is_read_when_it_is_local(grpo_job, tmp_path
     assert code == 2 and "nothing is downloaded: pass --dataset PATH" in err
 
 
+def test_a_dataset_trl_cannot_load_is_refused_with_the_form_it_can(grpo_job, tmp_path):
+    """`trl` loads dataset_name with load_dataset, which takes a folder, not a file: facts are read the same way."""
+    config = yaml.safe_load(grpo_job["config"].read_text())
+
+    def facts(extra_args: tuple[str, ...] = (), **selection: object) -> tuple[int, str, str]:
+        path = tmp_path / "job.yaml"
+        path.write_text(
+            yaml.safe_dump({**{k: v for k, v in config.items() if k != "dataset_name"}, **selection})
+        )
+        return run(["facts", str(path), "--trainer", "grpo", *extra_args])
+
+    file = str(grpo_job["data"])
+    # read from dataset_name, or from --dataset while `trl` loads dataset_name
+    for extra in ((), ("--dataset", file)):
+        code, out, err = facts(extra, dataset_name=file)
+        assert code == 2 and out == "", err
+        assert (
+            f"dataset_name: {file} is a file, which `trl` cannot load" in err and "find any data file" in err
+        ), err
+        assert "dataset_name: FOLDER" in err and "- path: json" in err and f"data_files: {file}" in err, err
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    (folder / "prompts.jsonl").write_text(grpo_job["data"].read_text())
+    mixture = [{"path": "json", "data_files": file}]
+    for selection in ({"dataset_name": str(folder)}, {"datasets": mixture}):  # the forms the refusal names
+        code, out, err = facts(**selection)
+        assert code == 0 and yaml.safe_load(out)["data"]["num_train_examples"] == 3, err
+
+
 def test_the_api_takes_facts_not_datasets(tiny_model_dir):
     with pytest.raises(SpecError) as error:
         parse_spec({"trainer": "sft", "model": str(tiny_model_dir), "dataset": "/data/x.jsonl"})
@@ -131,3 +160,34 @@ def test_a_world_size_that_contradicts_the_launcher_is_refused(grpo_job):
     with pytest.raises(SpecError) as error:
         read_job(grpo_job["config"], side=grpo_job["side"], target={"world_size": 8})
     assert error.value.problems[0].loc == "target.world_size"
+
+
+def test_relative_paths_are_resolved_where_the_config_is_read(tiny_model_dir, tmp_path, monkeypatch):
+    """As `trl` resolves them, from its working directory: the spec leaves the client with absolute paths, so a
+    service running elsewhere reads the same model; what no directory holds stays as written and its reader says
+    where it looked."""
+    import shutil
+    import socket
+
+    from warmup.errors import ModelConfigError
+    from warmup.model_facts import read_model_facts
+
+    job = tmp_path / "job"
+    shutil.copytree(tiny_model_dir, job / "tiny-qwen")
+    (job / "template.jinja").write_text("{{ messages }}")
+    (job / "job.yaml").write_text(
+        "model_name_or_path: ./tiny-qwen\nchat_template_path: template.jinja\noutput_dir: out\n"
+    )
+    monkeypatch.chdir(job)
+    spec = read_job("job.yaml", trainer="sft").spec
+    assert spec.model == str(job / "tiny-qwen")
+    assert spec.args["chat_template_path"] == str(job / "template.jinja")
+    assert spec.args["output_dir"] == "out"  # what `trl` writes, not reads, stays as written
+    assert parse_spec({"trainer": "sft", "model": "Qwen/Qwen3-0.6B"}).model == "Qwen/Qwen3-0.6B"  # a Hub id
+    elsewhere = tmp_path / "service"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the service's working directory
+    assert read_model_facts(spec.model).config_hash == read_model_facts(str(tiny_model_dir)).config_hash
+    with pytest.raises(ModelConfigError) as error:
+        read_model_facts("./tiny-qwen")
+    assert f"looked on {socket.gethostname()} at {elsewhere / 'tiny-qwen'}" in str(error.value)

@@ -214,6 +214,12 @@ def supervise(argv: list[str], files: contextlib.ExitStack) -> int:
     work_root = Path(job["work_root"])
     fork = job["isolation"] == "fork" and spec.target.world_size == 1
     try:
+        from warmup.model_facts import read_model_facts
+
+        # A model path this machine lacks (the config was read on another): say which machine looked, and where.
+        for model in (spec.model, spec.teacher_model):
+            if model and model.startswith(("/", ".", "~")):
+                read_model_facts(model)
         if fork:
             preload(spec.trainer)
         warnings: list[str] = []
