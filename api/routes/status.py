@@ -26,7 +26,7 @@ from warmup.api.deps import ServicesDep, authorize, bearer_token
 from warmup.api.stats import CacheRow, CoveragePoint, Stats
 from warmup.db.records import JobStatus, SignatureStatus
 from warmup.db.repository import Repository
-from warmup.formatting import format_duration
+from warmup.formatting import format_duration, short_id
 from warmup.signature import Signature
 from warmup.spec import Spec
 
@@ -53,7 +53,7 @@ def _environment() -> Environment:
     env.filters["duration"] = lambda s: "-" if s is None else format_duration(s)
     env.filters["bytes"] = human_bytes
     env.filters["when"] = lambda t: "-" if t is None else t.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    env.filters["short"] = lambda key: str(key)[:8]
+    env.filters["short"] = short_id
     return env
 
 

@@ -10,6 +10,7 @@ from tests.unit.test_api import (  # noqa: F401 (pytest collects what is importe
     api,
     model_dir,
     services,
+    test_a_job_is_found_by_a_prefix_of_its_id_that_only_it_has,
     test_client_library_against_a_live_server,
     test_concurrent_identical_submissions_make_one_job,
     test_coverage_misses_become_tasks,
