@@ -7,18 +7,21 @@ Exit codes: 0 done, 2 bad input, 3 a failed signature / not warmed / refused, 4 
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+import warmup
 from tests.fixtures.factories import one_signature_sft
 from tests.support.live_server import serve
 from tests.support.tiny_model import write_tiny_model
 from warmup.api.services import Services
-from warmup.cli import main
+from warmup.cli import build_parser, main
 from warmup.settings import Settings
 
 
@@ -118,3 +121,52 @@ def test_exec_without_a_service_or_a_bucket_wants_a_directory_warm_filled(model_
     (other / "trl-warmup.json").write_text(json.dumps({"spec_key": "0" * 64, "toolchain": {}, "entries": {}}))
     assert main(["exec", str(spec), "--dest", str(other), "--", "true"]) == 3
     assert "was warmed for another job" in last_error_line(capsys)
+
+
+def _commands(
+    parser: argparse.ArgumentParser, path: str = "warmup"
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, command in action.choices.items():
+                yield from _commands(command, f"{path} {name}")
+
+
+def test_every_option_of_every_command_has_help():
+    commands = dict(_commands(build_parser()))
+    assert {"warmup plan", "warmup exec", "warmup coverage", "warmup token create", "warmup serve"} <= set(
+        commands
+    )
+    without = [
+        f"{path} {'/'.join(action.option_strings) or action.dest}"
+        for path, parser in commands.items()
+        for action in parser._actions
+        if not action.help  # argparse.SUPPRESS (hidden on purpose) is a help
+    ]
+    assert without == []
+
+
+def test_version_prints_the_version_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"warmup {warmup.__version__}"
+
+
+def test_the_commands_that_read_a_job_keep_transformers_advice_off_the_screen(
+    model_dir, tmp_path, monkeypatch
+):
+    """transformers reads its verbosity as it is first imported, so this process (transformers imported long
+    ago) cannot show the effect: tests/integration/test_submit_cli.py does, in a fresh process. Here: the
+    variable is set for the command, the user's own choice is kept, and exec would leave it out."""
+    from warmup import cli
+
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
+    monkeypatch.setattr(cli, "_QUIETED", [])
+    assert main(["plan", str(spec_file(tmp_path, model_dir))]) == 0
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == "error" and cli.quieted() == ["TRANSFORMERS_VERBOSITY"]
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")
+    monkeypatch.setattr(cli, "_QUIETED", [])
+    assert main(["plan", str(spec_file(tmp_path, model_dir))]) == 0
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == "info" and cli.quieted() == []

@@ -44,15 +44,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], *, with_o
     token = sub.add_parser(
         "token", help="create, list and revoke API tokens (run against the server's database)"
     )
-    token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    token_sub = token.add_subparsers(
+        dest="token_command", required=True, metavar="ACTION", help="create, list or revoke"
+    )
     create = token_sub.add_parser("create", help="create a token and print it (shown once)")
     create.add_argument(
-        "--scope", action="append", required=True, choices=["read", "submit", "worker", "admin"]
+        "--scope",
+        action="append",
+        required=True,
+        choices=["read", "submit", "worker", "admin"],
+        help="what the token may do; repeat for several (docs/how-to/tokens.md)",
     )
-    create.add_argument("--name", default="token")
+    create.add_argument("--name", default="token", help="a label to tell tokens apart in `token list`")
     listing = token_sub.add_parser("list", help="list tokens (never their values)")
     revoke = token_sub.add_parser("revoke", help="revoke a token by id")
-    revoke.add_argument("token_id")
+    revoke.add_argument("token_id", help="the token's id, as `warmup token list` shows it")
     for parser in (create, listing, revoke):
         add_options(parser, "token")
     token.set_defaults(func=cmd_token)
