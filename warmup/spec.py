@@ -259,9 +259,19 @@ def unknown_trainer_message(value: Any) -> str:
             f"unknown trainer {value!r}: {name.upper()} left TRL's core and CLI for trl.experimental.{name} in TRL 1.x, "
             f"so `trl {name}` does not exist and the job cannot be planned; {known}"
         )
+    if name in FORMER_TRL_TRAINERS:  # a real trainer, not a misspelt one: `ppo` is not `dpo`
+        return (
+            f"unknown trainer {value!r}: {name.upper()} is a trainer of earlier TRL versions that TRL 1.x removed, so "
+            f"trl-warmup does not support it; {known}"
+        )
     close = difflib.get_close_matches(name, TRAINER_KINDS, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown trainer {value!r}: {known}{hint}"
+
+
+# Trainers earlier TRL versions had and TRL 1.x removed (PPO last: huggingface/trl#7020); the ones that moved to
+# trl.experimental are read from the installed TRL instead (`experimental_trainers`).
+FORMER_TRL_TRAINERS = frozenset({"ppo", "prm", "bco", "xpo", "nash_md", "alignprop", "ddpo", "iterative_sft"})
 
 
 def _experimental_trainers() -> frozenset[str]:

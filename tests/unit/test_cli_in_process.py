@@ -76,6 +76,16 @@ def test_an_unknown_trainer_exits_2_and_lists_the_trainers(model_dir, tmp_path, 
     assert "orpo" in error and "sft" in error and "grpo" in error
 
 
+def test_a_former_trl_trainer_is_named_as_one_not_taken_for_a_misspelling(model_dir, tmp_path, capsys):
+    spec = spec_file(tmp_path, model_dir, trainer="ppo")
+    assert main(["plan", str(spec)]) == 2
+    error = capsys.readouterr().err
+    assert "PPO is a trainer of earlier TRL versions that TRL 1.x removed" in error
+    assert "did you mean" not in error and "sft, dpo, kto, reward, grpo, rloo, distillation" in error
+    assert main(["plan", str(spec_file(tmp_path, model_dir, trainer="dop"))]) == 2
+    assert "did you mean 'dpo'?" in capsys.readouterr().err  # a misspelling still gets its fix
+
+
 def test_no_worker_times_out_with_exit_4_then_the_same_job_is_found_again(
     service, model_dir, tmp_path, capsys
 ):
