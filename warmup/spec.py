@@ -350,6 +350,7 @@ def parse_spec(
             data["trainer"] = trainer
     if target is not None:
         data = {**data, "target": {**(data.get("target") or {}), **target}}
+    data = _target_from_args(data)
     if isinstance(data.get("args"), dict):
         given_files = data.get("files")
         data = {
@@ -376,6 +377,28 @@ def parse_spec(
         return Spec.model_validate(data)
     except ValidationError as error:
         raise SpecError(_problems(error)) from None
+
+
+def _target_from_args(data: dict[str, Any]) -> dict[str, Any]:
+    """Where the config says it trains, when nothing else does: `use_cpu: true` is the CPU, so Inductor on
+    cpu. Without it the default target stays neuron (Trainium, what the project is for), and the command
+    line says so wherever it matters (`--target`'s help, `warmup plan`'s summary, a missing Neuron SDK)."""
+    given = data.get("target")
+    given = given if isinstance(given, dict) else {}
+    args = data.get("args")
+    if (
+        "backend" in given
+        or "device" in given
+        or not isinstance(args, dict)
+        or not _truthy(args.get("use_cpu"))
+    ):
+        return data
+    return {**data, "target": {**given, "backend": "inductor", "device": "cpu"}}
+
+
+def _truthy(value: Any) -> bool:
+    """A flag as TRL's parser takes it from YAML or the command line (`true`, `True`, `1`, ...)."""
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"))
 
 
 def is_trl_cli_config(data: dict[str, Any]) -> bool:

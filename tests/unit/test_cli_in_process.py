@@ -180,3 +180,87 @@ def test_the_commands_that_read_a_job_keep_transformers_advice_off_the_screen(
     monkeypatch.setattr(cli, "_QUIETED", [])
     assert main(["plan", str(spec_file(tmp_path, model_dir))]) == 0
     assert os.environ["TRANSFORMERS_VERBOSITY"] == "info" and cli.quieted() == []
+
+
+def trl_config(directory: Path, model: Path, **fields: object) -> Path:
+    """A `trl sft --config` file without pad_to_multiple_of: one signature per length, a long plan."""
+    config = {"model_name_or_path": str(model), "per_device_train_batch_size": 2, "max_length": 64}
+    config.update(fields)
+    path = directory / "sft.yaml"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_plan_puts_its_summary_and_warnings_before_a_capped_table(model_dir, tmp_path, capsys):
+    config = trl_config(tmp_path, model_dir, torch_compile=True, use_cpu=True)
+    assert main(["plan", str(config), "--trainer", "sft"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("64 signature(s) for inductor on cpu (the config says use_cpu: true); ")
+    assert "estimated compile time ~" in lines[0]
+    assert lines[1].startswith("data facts: none, so every length up to the config's limit is listed")
+    assert out.index("warnings:") < out.index("  #  phase")  # the warnings before the rows
+    assert "64 lengths from 1 to 64" in out  # the range the table shows
+    table = out[out.index("  #  phase") :].splitlines()
+    assert table[1].split()[:4] == ["1", "train", "2", "1"] and table[-2].split()[:4] == [
+        "64",
+        "train",
+        "2",
+        "64",
+    ]
+    assert len(table) == 1 + 20 + 1 + 1  # header, 20 rows, the gap, the line saying how to see the rest
+    assert table[-1] == "(44 more signature(s) not shown: --all lists every one)"
+
+    assert main(["plan", str(config), "--trainer", "sft", "--all"]) == 0
+    every = capsys.readouterr().out
+    assert len(every[every.index("#  phase") :].splitlines()) == 65 and "not shown" not in every
+
+
+def test_plan_json_carries_the_target_the_data_facts_and_the_estimate(model_dir, tmp_path, capsys):
+    spec = spec_file(tmp_path, model_dir)
+    assert main(["plan", str(spec), "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert len(document["signatures"]) == 1
+    assert document["target"] == {
+        "backend": "inductor",
+        "device": "cpu",
+        "world_size": 1,
+        "neuron_rt_visible_cores": None,
+    }
+    assert document["data"] == {"min_tokens": 10, "max_tokens": 32}
+    estimate = document["estimated_compile_seconds"]
+    assert set(estimate) == {"neuron", "inductor"} and estimate["inductor"] > 0
+    assert main(["plan", str(spec)]) == 0
+    assert (
+        capsys.readouterr().out.splitlines()[1]
+        == "data facts (from the spec's data): max_tokens 32, min_tokens 10"
+    )
+
+
+def test_the_target_is_the_configs_cpu_when_it_says_use_cpu_else_neuron_named_as_the_default(
+    model_dir, tmp_path, capsys
+):
+    cpu = trl_config(tmp_path, model_dir, use_cpu=True, pad_to_multiple_of=32)
+    assert main(["plan", str(cpu), "--trainer", "sft", "--format", "json"]) == 0
+    target = json.loads(capsys.readouterr().out)["target"]
+    assert (target["backend"], target["device"]) == ("inductor", "cpu")
+    assert main(["plan", str(cpu), "--trainer", "sft", "--target", "cuda"]) == 0  # the command line decides
+    assert capsys.readouterr().out.startswith("2 signature(s) for inductor on cuda (from the command line)")
+
+    default = trl_config(tmp_path, model_dir, pad_to_multiple_of=32)
+    assert main(["plan", str(default), "--trainer", "sft"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "2 signature(s) for neuron on neuron (the default: --target cuda or --target cpu for a job that trains on "
+        "GPUs or CPUs)"
+    )
+    (action,) = [
+        a for a in build_parser()._subparsers._group_actions[0].choices["plan"]._actions if a.dest == "target"
+    ]
+    assert "else neuron" in action.help and "use_cpu: true" in action.help
+
+
+def test_a_neuron_target_without_the_sdk_says_it_is_the_default_and_how_to_change_it(capsys):
+    assert main(["toolchain", "--backend", "neuron"]) == 1  # this machine has no torch-neuronx
+    error = last_error_line(capsys)
+    assert "the target backend is neuron but torch-neuronx is not installed here" in error
+    assert "--target cuda or --target cpu" in error and "Neuron is the default target unless" in error
