@@ -264,3 +264,16 @@ def test_a_neuron_target_without_the_sdk_says_it_is_the_default_and_how_to_chang
     error = last_error_line(capsys)
     assert "the target backend is neuron but torch-neuronx is not installed here" in error
     assert "--target cuda or --target cpu" in error and "Neuron is the default target unless" in error
+
+
+def test_coverage_takes_the_short_id_submit_shows(service, model_dir, tmp_path, capsys):
+    url, _ = service
+    spec = spec_file(tmp_path, model_dir, args={**one_signature_sft(model_dir)["args"], "max_length": 224})
+    assert main(["submit", str(spec), "--server", url]) == 0
+    captured = capsys.readouterr()
+    job_id = captured.out.strip()  # the full id on stdout, for scripts
+    assert captured.err.startswith(f"job {job_id[:8]}: ")  # the short one where a person reads it
+    assert main(["coverage", job_id[:8], "--server", url]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"0 report(s) for job {job_id[:8]} (queued)")
+    assert main(["coverage", "ffffffff", "--server", url]) == 1
+    assert "no warm-up job with id ffffffff" in last_error_line(capsys)
