@@ -277,3 +277,18 @@ def test_coverage_takes_the_short_id_submit_shows(service, model_dir, tmp_path, 
     assert capsys.readouterr().out.strip().endswith(f"0 report(s) for job {job_id[:8]} (queued)")
     assert main(["coverage", "ffffffff", "--server", url]) == 1
     assert "no warm-up job with id ffffffff" in last_error_line(capsys)
+
+
+def test_token_list_shows_short_ids_and_revoke_takes_one(tmp_path, capsys):
+    data = ["--data-dir", str(tmp_path / "service")]
+    assert main(["token", "create", "--scope", "read", "--name", "dashboard", *data]) == 0
+    created = capsys.readouterr().err.split()[2]  # "created token ID (...)"
+    assert main(["token", "list", *data]) == 0
+    (row,) = capsys.readouterr().out.splitlines()
+    assert row.split()[:3] == [created[:8], "dashboard", "read"]
+    assert main(["token", "revoke", "xyz", *data]) == 1
+    assert "is not a token id" in last_error_line(capsys)
+    assert main(["token", "revoke", created[:8], *data]) == 0
+    assert capsys.readouterr().err.strip() == f"revoked {created}"
+    assert main(["token", "list", *data]) == 0
+    assert capsys.readouterr().out.split()[-2] == "revoked"
