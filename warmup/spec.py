@@ -385,19 +385,14 @@ def _target_from_args(data: dict[str, Any]) -> dict[str, Any]:
     line says so wherever it matters (`--target`'s help, `warmup plan`'s summary, a missing Neuron SDK)."""
     given = data.get("target")
     given = given if isinstance(given, dict) else {}
-    args = data.get("args")
-    if (
-        "backend" in given
-        or "device" in given
-        or not isinstance(args, dict)
-        or not _truthy(args.get("use_cpu"))
-    ):
+    if "backend" in given or "device" in given or not says_use_cpu(data.get("args")):
         return data
     return {**data, "target": {**given, "backend": "inductor", "device": "cpu"}}
 
 
-def _truthy(value: Any) -> bool:
-    """A flag as TRL's parser takes it from YAML or the command line (`true`, `True`, `1`, ...)."""
+def says_use_cpu(args: Any) -> bool:
+    """The trainer's args say `use_cpu: true` (as TRL's parser takes a flag: `true`, `True`, `1`, ...)."""
+    value = args.get("use_cpu") if isinstance(args, dict) else None
     return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"))
 
 

@@ -110,11 +110,9 @@ def describe_target(spec: Spec, ns: argparse.Namespace) -> str:
         return f"{where} (from the command line)"
     if not {"backend", "device"} & target.model_fields_set:
         return f"{where} (the default: --target cuda or --target cpu for a job that trains on GPUs or CPUs)"
-    if (target.backend, target.device) == ("inductor", "cpu") and str(spec.args.get("use_cpu")).lower() in (
-        "true",
-        "1",
-        "yes",
-    ):
+    from warmup.spec import says_use_cpu
+
+    if (target.backend, target.device) == ("inductor", "cpu") and says_use_cpu(spec.args):
         return f"{where} (the config says use_cpu: true)"
     return f"{where} (the spec's target)"
 
