@@ -168,7 +168,7 @@ def test_the_commands_that_read_a_job_keep_transformers_advice_off_the_screen(
     model_dir, tmp_path, monkeypatch
 ):
     """transformers reads its verbosity as it is first imported, so this process (transformers imported long
-    ago) cannot show the effect: tests/integration/test_submit_cli.py does, in a fresh process. Here: the
+    ago) cannot show the effect: tests/integration/test_cli_output.py does, in a fresh process. Here: the
     variable is set for the command, the user's own choice is kept, and exec would leave it out."""
     from warmup import cli
 
