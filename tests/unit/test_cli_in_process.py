@@ -268,8 +268,9 @@ def test_a_neuron_target_without_the_sdk_says_it_is_the_default_and_how_to_chang
 
 def test_coverage_takes_the_short_id_submit_shows(service, model_dir, tmp_path, capsys):
     url, _ = service
-    spec = spec_file(tmp_path, model_dir, args={**one_signature_sft(model_dir)["args"], "max_length": 224})
-    assert main(["submit", str(spec), "--server", url]) == 0
+    # a batch size no other test's job has: its one signature is queued, not failed by another test
+    args = {**one_signature_sft(model_dir)["args"], "per_device_train_batch_size": 3}
+    assert main(["submit", str(spec_file(tmp_path, model_dir, args=args)), "--server", url]) == 0
     captured = capsys.readouterr()
     job_id = captured.out.strip()  # the full id on stdout, for scripts
     assert captured.err.startswith(f"job {job_id[:8]}: ")  # the short one where a person reads it
