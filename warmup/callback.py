@@ -525,7 +525,7 @@ class WarmupCallback(TrainerCallback):
             log.warning("trl-warmup: could not build the coverage report: %s", failure)
             return None
         self.last_report = body
-        self._write(body)
+        written = self._write(body)
         rank = body["details"]["rank"]
         if rank != 0 and not body["missed"] and not body["fresh_compiles"]:
             return None  # rank 0 speaks for the run; other ranks only when they saw something
@@ -538,8 +538,8 @@ class WarmupCallback(TrainerCallback):
             from warmup.trace_skip import describe_timings
 
             summary += f"; {describe_timings(body['details']['timings'])}"
-        if not self.server:
-            log.warning("%s; no server to report to (set WARMUP_SERVER)", summary)
+        if not self.server:  # a run without a service (a directory `warmup warm` filled): nothing to post
+            _say_verdict(summary + (f"; report written to {written}" if written else ""))
             return None
         try:
             from warmup.client.service import ServiceClient
@@ -547,13 +547,14 @@ class WarmupCallback(TrainerCallback):
             with ServiceClient(self.server, token=self.token, timeout=self.timeout_s, attempts=2) as client:
                 self.last_response = client.post_coverage(body)
         except Exception as failure:  # the service being down must never fail training
-            log.warning("%s; the report could not be posted to %s: %s", summary, self.server, failure)
+            _say_verdict(f"{summary}; the report could not be posted to {self.server}: {failure}")
             return None
-        log.info(
-            "%s; report %s posted for job %s",
-            summary,
-            self.last_response.get("report_id"),
-            self.last_response.get("job_id"),
+        from warmup.formatting import short_id
+
+        job = self.last_response.get("job_id")
+        _say_verdict(
+            f"{summary}; report {self.last_response.get('report_id')} posted"
+            + (f" for job {short_id(job)}" if job else "")
         )
         return self.last_response
 
@@ -563,9 +564,10 @@ class WarmupCallback(TrainerCallback):
         error = getattr(sys, "last_value", None)
         self.report("failed", error or "the process ended before training did")
 
-    def _write(self, body: dict[str, Any]) -> None:
+    def _write(self, body: dict[str, Any]) -> Path | None:
+        """The report in the run's output_dir; where it was written, if it was."""
         if self._output_dir is None:
-            return
+            return None
         rank = body["details"]["rank"]
         name = REPORT_NAME if rank == 0 else REPORT_NAME.replace(".json", f".rank{rank}.json")
         try:
@@ -573,6 +575,17 @@ class WarmupCallback(TrainerCallback):
             (self._output_dir / name).write_text(json.dumps(body, indent=1))
         except OSError as error:
             log.warning("trl-warmup: cannot write %s: %s", self._output_dir / name, error)
+            return None
+        return self._output_dir / name
+
+
+def _say_verdict(line: str) -> None:
+    """The run's verdict, on stderr whatever the logging set-up: the last line a run under `warmup exec`
+    prints (it carries the compile timings, so exec's own exit line is not printed after it)."""
+    from warmup.trace_skip import verdict_said
+
+    print(line, file=sys.stderr, flush=True)
+    verdict_said()
 
 
 def _shape_of(

@@ -164,6 +164,12 @@ class JobNotFoundError(WarmupError):
         super().__init__(f"no warm-up job with id {job_id}; submit the spec to create one")
 
 
+class AmbiguousIdError(WarmupError):
+    """A job id that is not one, or a prefix of several jobs' ids (HTTP 400): give more of its digits."""
+
+    exit_code = 2
+
+
 class LeaseLostError(WarmupError):
     """A worker acted on a task it no longer holds: another worker claimed it after the lease ran out,
     or it was released or finished. The worker must drop the task and publish nothing."""

@@ -23,6 +23,15 @@ def format_size(size: float) -> str:
     return f"{size:.1f} GB"
 
 
+# How many characters of a job's id (or a key) are shown; the API takes a job id's unique prefix of 4 or more.
+SHORT_ID = 8
+
+
+def short_id(value: object) -> str:
+    """The first characters of an id or key, as the status page and the command line show it."""
+    return str(value)[:SHORT_ID]
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[int] | None = None) -> str:
     """A plain-text table: columns padded to their widest cell, numbers right-aligned."""
     right = right or set()

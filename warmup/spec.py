@@ -260,9 +260,19 @@ def unknown_trainer_message(value: Any) -> str:
             f"unknown trainer {value!r}: {name.upper()} left TRL's core and CLI for trl.experimental.{name} in TRL 1.x, "
             f"so `trl {name}` does not exist and the job cannot be planned; {known}"
         )
+    if name in FORMER_TRL_TRAINERS:  # a real trainer, not a misspelt one: `ppo` is not `dpo`
+        return (
+            f"unknown trainer {value!r}: {name.upper()} is a trainer of earlier TRL versions that TRL 1.x removed, so "
+            f"trl-warmup does not support it; {known}"
+        )
     close = difflib.get_close_matches(name, TRAINER_KINDS, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown trainer {value!r}: {known}{hint}"
+
+
+# Trainers earlier TRL versions had and TRL 1.x removed (PPO last: huggingface/trl#7020); the ones that moved to
+# trl.experimental are read from the installed TRL instead (`experimental_trainers`).
+FORMER_TRL_TRAINERS = frozenset({"ppo", "prm", "bco", "xpo", "nash_md", "alignprop", "ddpo", "iterative_sft"})
 
 
 def _experimental_trainers() -> frozenset[str]:
@@ -342,6 +352,7 @@ def parse_spec(
     if target is not None:
         data = {**data, "target": {**(data.get("target") or {}), **target}}
     data = _local_paths_made_absolute(data)
+    data = _target_from_args(data)
     if isinstance(data.get("args"), dict):
         given_files = data.get("files")
         data = {
@@ -394,6 +405,23 @@ def _local_paths_made_absolute(data: dict[str, Any]) -> dict[str, Any]:
     if isinstance(args, dict) and any(key in args for key in LOCAL_PATH_ARGS):
         data["args"] = {**args, **{key: absolute(args[key]) for key in LOCAL_PATH_ARGS if key in args}}
     return data
+
+
+def _target_from_args(data: dict[str, Any]) -> dict[str, Any]:
+    """Where the config says it trains, when nothing else does: `use_cpu: true` is the CPU, so Inductor on
+    cpu. Without it the default target stays neuron (Trainium, what the project is for), and the command
+    line says so wherever it matters (`--target`'s help, `warmup plan`'s summary, a missing Neuron SDK)."""
+    given = data.get("target")
+    given = given if isinstance(given, dict) else {}
+    if "backend" in given or "device" in given or not says_use_cpu(data.get("args")):
+        return data
+    return {**data, "target": {**given, "backend": "inductor", "device": "cpu"}}
+
+
+def says_use_cpu(args: Any) -> bool:
+    """The trainer's args say `use_cpu: true` (as TRL's parser takes a flag: `true`, `True`, `1`, ...)."""
+    value = args.get("use_cpu") if isinstance(args, dict) else None
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"))
 
 
 def is_trl_cli_config(data: dict[str, Any]) -> bool:

@@ -804,7 +804,9 @@ def _neuron_target() -> str:
     if package_version("torch-neuronx") is None:
         raise BackendUnavailableError(
             "the target backend is neuron but torch-neuronx is not installed here: run on a Trainium "
-            "instance with the Neuron SDK (pip install 'trl-warmup[neuron]')"
+            "instance with the Neuron SDK (pip install 'trl-warmup[neuron]'); for a job that trains on GPUs or CPUs, "
+            "give its target: --target cuda or --target cpu (or `target:` in the side file). Neuron is the default "
+            "target unless the config says use_cpu: true"
         )
     override = neuron_target_from_name(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"))
     if override:

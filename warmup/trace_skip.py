@@ -690,13 +690,32 @@ def enable_when_compiled(cache_dir: str | os.PathLike[str]) -> None:
         state = enable(cache_dir)
         if state.off is None:
             state.wrap(optimized)
-        atexit.register(
-            lambda: print(
-                f"trl-warmup: {describe_timings(compile_timings(timed_first_step()))}", file=sys.stderr
-            )
-        )
+        atexit.register(_exit_line)
 
     _on_compiled_module(first)
+
+
+def _exit_line() -> None:
+    """Where the process's compile time went and how many graphs Inductor compiled afresh (its cache misses),
+    unless a WarmupCallback's verdict, which counts new cache files too, already said it (and so stays the
+    last line of the run)."""
+    if _VERDICT_SAID:
+        return
+    from torch._dynamo.utils import counters
+
+    from warmup.backends.inductor import MISS_COUNTERS
+
+    fresh = sum(int(counters[group][name]) for group, name in MISS_COUNTERS)
+    timings = describe_timings(compile_timings(timed_first_step()))
+    print(f"trl-warmup: {timings}; {fresh} fresh compile(s) (Inductor cache misses)", file=sys.stderr)
+
+
+_VERDICT_SAID: list[bool] = []
+
+
+def verdict_said() -> None:
+    """A WarmupCallback printed its verdict (with these timings) in this process: no exit line after it."""
+    _VERDICT_SAID.append(True)
 
 
 _FIRST_STEP: list[float] = []  # this process's first training step, in seconds (`first_step_clock`)

@@ -29,7 +29,7 @@ from warmup.api.stats import CacheRow, CoveragePoint, Stats
 from warmup.db.records import JobStatus, SignatureStatus
 from warmup.db.repository import Repository
 from warmup.errors import AuthError
-from warmup.formatting import format_duration
+from warmup.formatting import format_duration, short_id
 from warmup.signature import Signature
 from warmup.spec import Spec
 
@@ -56,7 +56,7 @@ def _environment() -> Environment:
     env.filters["duration"] = lambda s: "-" if s is None else format_duration(s)
     env.filters["bytes"] = human_bytes
     env.filters["when"] = lambda t: "-" if t is None else t.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    env.filters["short"] = lambda key: str(key)[:8]
+    env.filters["short"] = short_id
     return env
 
 

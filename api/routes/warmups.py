@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import uuid
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
 from warmup.api.deps import JobAccess, ReadAccess, ServicesDep, SubmitAccess
 from warmup.api.schemas import DATABASE_INT_MAX, WarmupRequest
 from warmup.db.records import CoverageReportRecord, JobStatus, JobSummary, Keyed, TaskLog
+from warmup.db.repository import MIN_ID_PREFIX
 from warmup.errors import JobNotFoundError, RehearsalError, SpecError
 from warmup.rehearsal.units import require_rehearsable
 
 router = APIRouter(prefix="/v1", tags=["warmups"])
+# A job's id, or a prefix of its hex digits that only one job has (the status page shows the first 8).
+JobIdPath = Annotated[str, Path(min_length=MIN_ID_PREFIX, max_length=36, pattern=r"^[0-9a-fA-F-]+$")]
 
 
 @router.post(
@@ -60,10 +63,11 @@ def submit_warmup(body: WarmupRequest, services: ServicesDep, response: Response
     dependencies=[JobAccess],
     summary="One job's progress (a read or a submit token: CI follows the job it submitted)",
 )
-def get_warmup(job_id: uuid.UUID, services: ServicesDep) -> JobStatus:
-    status = services.repository.job_status(job_id)
+def get_warmup(job_id: JobIdPath, services: ServicesDep) -> JobStatus:
+    found = services.repository.resolve_job_id(job_id)
+    status = services.repository.job_status(found)
     if status is None:
-        raise JobNotFoundError(f"no warm-up job {job_id}")
+        raise JobNotFoundError(job_id)
     return status
 
 
@@ -88,10 +92,11 @@ def list_warmups(
     dependencies=[ReadAccess],
     summary="Coverage reports of training runs",
 )
-def job_coverage(job_id: uuid.UUID, services: ServicesDep) -> list[CoverageReportRecord]:
-    if services.repository.job_status(job_id) is None:
-        raise JobNotFoundError(f"no warm-up job {job_id}")
-    return services.repository.coverage_reports(job_id)
+def job_coverage(job_id: JobIdPath, services: ServicesDep) -> list[CoverageReportRecord]:
+    found = services.repository.resolve_job_id(job_id)
+    if services.repository.job_status(found) is None:
+        raise JobNotFoundError(job_id)
+    return services.repository.coverage_reports(found)
 
 
 @router.get(

@@ -109,9 +109,15 @@ def test_submit_worker_pull_exec_train_then_a_reported_miss_is_warmed(
         assert report["details"]["new_files"] == 0 and report["details"]["fresh"] == {}
         assert (report["met"], report["missed"]) == ([planned.key()], [])
         assert served_warm(warm), (warm["counters"], warm["trace_skip"])
-        # exec's exit line: where the compile time went, and the first step's time (exec's own clock)
-        exit_line = r"trl-warmup: trace [\d.]+ s, backend [\d.]+ s, cache load [\d.]+ s, first step [\d.]+ s; trace skip"
-        assert re.search(exit_line, warm["stderr"]), warm["stderr"][-3000:]
+        # the run's last line is its verdict: what it met and compiled, where the compile time went, the first
+        # step's time, and where the report went (exec's own exit line, which says the same, is not printed after it)
+        verdict = (
+            r"trl-warmup: completed: met 1 signature\(s\), 1 warm, 0 missed, 0 fresh compile\(s\); trace [\d.]+ s, "
+            r"backend [\d.]+ s, cache load [\d.]+ s, first step [\d.]+ s; trace skip.*; report \d+ posted for job "
+            + job_id[:8]
+        )
+        said = [line for line in warm["stderr"].splitlines() if line.startswith("trl-warmup: ")]
+        assert said and re.fullmatch(verdict, said[-1]), warm["stderr"][-3000:]
         assert warm["response"]["job_id"] == job_id and warm["response"]["enqueued"] == []
         (stored,) = client.coverage(job_id)  # what the service keeps says so too
         assert (stored["fresh_compiles"], stored["met"], stored["missed"]) == (0, [planned.key()], [])
@@ -212,3 +218,8 @@ def test_the_config_a_team_passes_to_trl_sft_trains_under_exec_with_nothing_comp
     assert report["fresh_compiles"] == 0 and report["details"]["new_files"] == 0, report["details"]
     assert report["details"]["fresh"] == {}, report["details"]
     assert report["missed"] == [] and len(report["met"]) == 1
+    said = [line for line in trained.stderr.splitlines() if line.startswith("trl-warmup: ")]
+    assert said[-1].startswith(
+        "trl-warmup: completed: met 1 signature(s), 1 warm, 0 missed, 0 fresh compile(s); "
+    )
+    assert " posted for job " in said[-1], trained.stderr[-3000:]

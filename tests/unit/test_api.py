@@ -11,6 +11,7 @@ import concurrent.futures
 import hashlib
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -304,6 +305,41 @@ def test_unknown_pool_and_wrong_backend_are_422(api, model_dir):
     both = api.post("/v1/warmups", json={"spec": spec_body(model_dir)})
     assert both.status_code == 422
     assert api.get(f"/v1/warmups/{uuid.uuid4()}").status_code == 404
+
+
+def test_a_job_is_found_by_a_prefix_of_its_id_that_only_it_has(api, model_dir, monkeypatch):
+    """The status page and the command line show a job's first 8 hex digits: each API route that takes a job
+    id takes them too, and a prefix two jobs share is refused, naming both."""
+    ids = iter(
+        [uuid.UUID("abcd1234-0000-4000-8000-000000000001"), uuid.UUID("abcd5678-0000-4000-8000-000000000002")]
+    )
+    monkeypatch.setattr("warmup.db.queue.uuid", SimpleNamespace(uuid4=lambda: next(ids), UUID=uuid.UUID))
+    tc = cpu_toolchain().model_dump()
+    first = api.post("/v1/warmups", json={"spec": spec_body(model_dir), "toolchain": tc}).json()
+    second = api.post(
+        "/v1/warmups", json={"spec": spec_body(model_dir, max_tokens=50), "toolchain": tc}
+    ).json()
+    assert (first["id"], second["id"]) == (
+        "abcd1234-0000-4000-8000-000000000001",
+        "abcd5678-0000-4000-8000-000000000002",
+    )
+
+    assert api.get("/v1/warmups/abcd1234").json()["id"] == first["id"]  # the 8 digits shown
+    assert api.get("/v1/warmups/ABCD5678-0000").json()["id"] == second["id"]  # any case, dashes or not
+    assert api.get(f"/v1/warmups/{first['id']}").json()["id"] == first["id"]
+    assert api.get("/v1/warmups/abcd5678/coverage").json() == []
+
+    ambiguous = api.get("/v1/warmups/abcd")
+    assert ambiguous.status_code == 400
+    message = ambiguous.json()["detail"]["message"]
+    assert "ambiguous" in message and first["id"] in message and second["id"] in message
+    assert api.get("/v1/warmups/abcd/coverage").status_code == 400
+    unknown = api.get("/v1/warmups/ffff0000")
+    assert (
+        unknown.status_code == 404
+        and "no warm-up job with id ffff0000" in unknown.json()["detail"]["message"]
+    )
+    assert api.get("/v1/warmups/abc").status_code == 422  # under 4 digits: not taken for an id
 
 
 def test_health(api):

@@ -267,3 +267,22 @@ def test_the_trl_cli_field_lists_are_the_installed_trls():
     assert shipped == module.build(), (
         "TRL changed: python tools/trl_cli_fields.py > warmup/data/trl_cli_fields.json"
     )
+
+
+@pytest.mark.parametrize(
+    ("config", "target", "expected"),
+    [
+        ({"use_cpu": True}, None, ("inductor", "cpu")),  # the config says where it trains
+        ({"use_cpu": "true"}, None, ("inductor", "cpu")),
+        ({}, None, ("neuron", "neuron")),  # otherwise the default, Trainium
+        ({"use_cpu": False}, None, ("neuron", "neuron")),
+        (
+            {"use_cpu": True},
+            {"backend": "inductor", "device": "cuda"},
+            ("inductor", "cuda"),
+        ),  # a given target wins
+    ],
+)
+def test_the_default_target_follows_the_configs_use_cpu(config, target, expected):
+    spec = load_spec({"model_name_or_path": "Qwen/Qwen2.5-0.5B", **config}, trainer="sft", target=target)
+    assert (spec.target.backend, spec.target.device) == expected

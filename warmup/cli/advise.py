@@ -53,7 +53,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=float,
         help="measured seconds of one optimizer step of the job as configured (calibrates step time)",
     )
-    advise.add_argument("--format", choices=["table", "json"], default="table")
+    advise.add_argument(
+        "--format",
+        choices=["table", "json"],
+        default="table",
+        help="a table (default), or the advice as JSON",
+    )
     advise.set_defaults(func=cmd_advise)
 
 

@@ -33,7 +33,8 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target",
         choices=sorted(TARGETS),
-        help="where training runs: neuron (TorchNeuron), cuda or cpu (Inductor)",
+        help="where training runs: neuron (TorchNeuron), cuda or cpu (Inductor). Default: the spec's or side file's "
+        "`target`, else cpu when the config says `use_cpu: true`, else neuron",
     )
     parser.add_argument(
         "--backend", choices=["neuron", "inductor"], help="override the spec's target backend"
@@ -97,3 +98,43 @@ def load_job_from_args(ns: argparse.Namespace) -> Job:
 
 def load_spec_from_args(ns: argparse.Namespace) -> Spec:
     return load_job_from_args(ns).spec
+
+
+def describe_target(spec: Spec, ns: argparse.Namespace) -> str:
+    """The job's target and where it came from, for the lines a person reads (the default is never silent)."""
+    target = spec.target
+    where = f"{target.backend} on {target.device}" + (
+        f", {target.world_size} processes" if target.world_size > 1 else ""
+    )
+    if any(getattr(ns, name, None) for name in ("target", "backend", "device")):
+        return f"{where} (from the command line)"
+    if not {"backend", "device"} & target.model_fields_set:
+        return f"{where} (the default: --target cuda or --target cpu for a job that trains on GPUs or CPUs)"
+    from warmup.spec import says_use_cpu
+
+    if (target.backend, target.device) == ("inductor", "cpu") and says_use_cpu(spec.args):
+        return f"{where} (the config says use_cpu: true)"
+    return f"{where} (the spec's target)"
+
+
+def describe_data(job: Job) -> str:
+    """The data facts the plan used and where they came from, in one line."""
+    facts = job.spec.data
+    if not facts.model_dump(exclude_none=True):
+        return (
+            "data facts: none, so every length up to the config's limit is listed (--dataset PATH reads them from "
+            "a local dataset; --dataset alone from the config's dataset_name)"
+        )
+    if job.dataset is True:
+        origin = f"the config's dataset {job.selection.get('dataset_name') or 'selection'}"
+    elif job.dataset not in (None, False):
+        origin = str(job.dataset)
+    else:
+        origin = "the spec's data"
+    shown = ", ".join(
+        f"{name} {value}"
+        for name, value in facts.model_dump(exclude_none=True).items()
+        if name not in ("length_histogram", "estimated_from")
+    )
+    estimate = f", an estimate from the first {facts.estimated_from} examples" if facts.estimated_from else ""
+    return f"data facts (from {origin}{estimate}): {shown}"

@@ -29,7 +29,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     facts.add_argument(
         "--workers", type=int, metavar="N", help="tokenizing processes (default: one per core)"
     )
-    facts.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    facts.add_argument(
+        "--format",
+        choices=["yaml", "json"],
+        default="yaml",
+        help="YAML (default: paste it into the spec's or the side file's `data:`) or JSON",
+    )
     facts.set_defaults(func=cmd_facts)
 
 

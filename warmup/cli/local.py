@@ -7,8 +7,17 @@ import json
 import sys
 from typing import Any
 
-from warmup.cli.common import add_spec_arguments, load_spec_from_args
+from warmup.cli.common import (
+    add_spec_arguments,
+    describe_data,
+    describe_target,
+    load_job_from_args,
+    load_spec_from_args,
+)
 from warmup.formatting import format_duration, format_size, format_table
+
+# `warmup plan` shows this many rows of a longer plan (the first ones and the last ones); --all shows every row.
+PLAN_ROWS_SHOWN = 20
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -16,7 +25,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "plan", help="list every signature (shape and static-cache size) a job will compile"
     )
     add_spec_arguments(plan)
-    plan.add_argument("--format", choices=["table", "json"], default="table")
+    plan.add_argument(
+        "--format",
+        choices=["table", "json"],
+        default="table",
+        help="a summary, the warnings and the table (default), or JSON: the plan with its target, data facts and "
+        "compile-time estimate",
+    )
+    plan.add_argument(
+        "--all",
+        action="store_true",
+        help=f"list every signature (the table shows {PLAN_ROWS_SHOWN} of a longer plan)",
+    )
     plan.set_defaults(func=cmd_plan)
 
     warm = sub.add_parser("warm", help="compile every signature of a job into a local cache directory")
@@ -35,10 +55,34 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_plan(ns: argparse.Namespace) -> int:
     from warmup.planner.planning import estimate_seconds, plan_spec
 
-    plan = plan_spec(load_spec_from_args(ns))
+    job = load_job_from_args(ns)
+    plan = plan_spec(job.spec)
+    estimate = {
+        backend: round(sum(estimate_seconds(s, backend) for s in plan.signatures))
+        for backend in ("neuron", "inductor")
+    }
     if ns.format == "json":
-        print(json.dumps(plan.model_dump(mode="json"), indent=2))
+        document = {
+            **plan.model_dump(mode="json"),
+            "target": job.spec.target.model_dump(mode="json"),
+            "data": job.spec.data.model_dump(mode="json", exclude_none=True),
+            "estimated_compile_seconds": estimate,
+        }
+        print(json.dumps(document, indent=2))
         return 0
+    # What a person needs first: the size, the target it was planned for, the data it used, the warnings.
+    backend = job.spec.target.backend
+    other = "inductor" if backend == "neuron" else "neuron"
+    print(
+        f"{len(plan.signatures)} signature(s) for {describe_target(job.spec, ns)}; estimated compile time "
+        f"~{format_duration(estimate[backend])} ({other} would take ~{format_duration(estimate[other])})"
+    )
+    print(describe_data(job))
+    for title, lines in (("warnings", plan.warnings), ("notes", plan.notes)):
+        if lines:
+            print(f"\n{title}:")
+            for line in lines:
+                print(f"  - {line}")
     rows = [
         (i, s.phase, s.batch, s.seq_len, s.cache_len, s.model, s.dtype, s.compile)
         + ((s.sharding,) if s.sharding else ())
@@ -47,20 +91,14 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     headers: tuple[str, ...] = ("#", "phase", "batch", "seq_len", "cache_len", "model", "dtype", "compile")
     if any(s.sharding for s in plan.signatures):
         headers += ("sharding",)
+    hidden = 0 if ns.all else max(len(rows) - PLAN_ROWS_SHOWN, 0)
+    if hidden:  # the first rows and the last: the range a warning names is the table's
+        head = PLAN_ROWS_SHOWN - PLAN_ROWS_SHOWN // 4
+        rows = [*rows[:head], ("...",) + ("",) * (len(headers) - 1), *rows[head + hidden :]]
+    print()
     print(format_table(headers, rows, right={0, 2, 3, 4}))
-    estimates = ", ".join(
-        f"{backend} ~{format_duration(sum(estimate_seconds(s, backend) for s in plan.signatures))}"
-        for backend in ("neuron", "inductor")
-    )
-    print(f"\n{len(plan.signatures)} signature(s); estimated compile time: {estimates}")
-    if plan.warnings:
-        print("\nwarnings:")
-        for warning in plan.warnings:
-            print(f"  - {warning}")
-    if plan.notes:
-        print("\nnotes:")
-        for note in plan.notes:
-            print(f"  - {note}")
+    if hidden:
+        print(f"({hidden} more signature(s) not shown: --all lists every one)")
     return 0
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmup.cli.common import SPEC_OPTION_DESTS, add_spec_arguments, load_spec_from_args
 from warmup.errors import ServerUnreachableError, WarmupError
-from warmup.formatting import format_table
+from warmup.formatting import format_table, short_id
 
 if TYPE_CHECKING:
     from warmup.manifest import Manifest
@@ -92,11 +92,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     exec_.set_defaults(func=cmd_exec)
 
     coverage = sub.add_parser("coverage", help="the coverage reports training runs posted for a warm-up job")
-    coverage.add_argument("job_id", help="the warm-up job's id (`warmup submit` prints it)")
+    coverage.add_argument(
+        "job_id",
+        help="the warm-up job's id (`warmup submit` prints it), or its first 8 characters (what the status page "
+        "and `warmup submit`'s progress show; any prefix of 4 or more that only this job's id has)",
+    )
     coverage.add_argument(
         "--server", default=os.environ.get("WARMUP_SERVER"), help="service URL (WARMUP_SERVER)"
     )
-    coverage.add_argument("--format", choices=["table", "json"], default="table")
+    coverage.add_argument(
+        "--format",
+        choices=["table", "json"],
+        default="table",
+        help="a table (default), or the reports as JSON",
+    )
     coverage.set_defaults(func=cmd_coverage)
 
 
@@ -474,7 +483,9 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     except ServerUnreachableError as error:
         result, installed_spec = _installed_instead(ns, spec, error)
         env = child_environment(installed_spec, result, _server(ns))
-    env = {**os.environ, **env}
+    from warmup.cli import quieted
+
+    env = {**{k: v for k, v in os.environ.items() if k not in quieted()}, **env}
     if ns.strict:  # read by WarmupCallback, which warmup/_sitecustomize adds to every Trainer under --strict
         env["WARMUP_STRICT"] = "1"
     print(f"exec: {shlex.join(ns.argv)}", file=sys.stderr, flush=True)
@@ -622,7 +633,7 @@ def cmd_coverage(ns: argparse.Namespace) -> int:
         missed = [labels.get(key, key[:12]) for key in report["missed"]]
         if missed:
             print(f"report {report['id']} missed: {', '.join(missed)}")
-    print(f"\n{len(reports)} report(s) for job {ns.job_id} ({job['state']})")
+    print(f"\n{len(reports)} report(s) for job {short_id(job['id'])} ({job['state']})")
     return 0
 
 

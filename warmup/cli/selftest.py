@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "verdict per phase with its fresh-compile count and times. Exit status 0 unless a phase failed."
         ),
     )
-    selftest.add_argument("--backend", choices=BACKEND_NAMES, default="inductor")
+    selftest.add_argument(
+        "--backend", choices=BACKEND_NAMES, default="inductor", help="compile backend (default: inductor)"
+    )
     selftest.add_argument(
         "--device",
         choices=["neuron", "cuda", "cpu"],

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from warmup.errors import WarmupError
+from warmup.formatting import short_id
 
 if TYPE_CHECKING:
     from warmup.settings import Command
@@ -44,15 +46,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], *, with_o
     token = sub.add_parser(
         "token", help="create, list and revoke API tokens (run against the server's database)"
     )
-    token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    token_sub = token.add_subparsers(
+        dest="token_command", required=True, metavar="ACTION", help="create, list or revoke"
+    )
     create = token_sub.add_parser("create", help="create a token and print it (shown once)")
     create.add_argument(
-        "--scope", action="append", required=True, choices=["read", "submit", "worker", "admin"]
+        "--scope",
+        action="append",
+        required=True,
+        choices=["read", "submit", "worker", "admin"],
+        help="what the token may do; repeat for several (docs/how-to/tokens.md)",
     )
-    create.add_argument("--name", default="token")
+    create.add_argument("--name", default="token", help="a label to tell tokens apart in `token list`")
     listing = token_sub.add_parser("list", help="list tokens (never their values)")
     revoke = token_sub.add_parser("revoke", help="revoke a token by id")
-    revoke.add_argument("token_id")
+    revoke.add_argument("token_id", help="the token's id, as `warmup token list` shows it")
     for parser in (create, listing, revoke):
         add_options(parser, "token")
     token.set_defaults(func=cmd_token)
@@ -152,9 +160,24 @@ def cmd_worker(ns: argparse.Namespace) -> int:
 # --- token ------------------------------------------------------------------------------------
 
 
-def cmd_token(ns: argparse.Namespace) -> int:
-    import uuid
+def _token_id(given: str, ids: list[uuid.UUID]) -> uuid.UUID:
+    """A token's id from its full form or a prefix only it has (`warmup token list` shows the first 8)."""
+    digits = given.strip().lower().replace("-", "")
+    if len(digits) < 4 or not all(c in "0123456789abcdef" for c in digits):
+        raise WarmupError(
+            f"{given!r} is not a token id: give the id `warmup token list` shows (4 or more of its characters)"
+        )
+    found = [token_id for token_id in ids if token_id.hex.startswith(digits)]
+    if not found:
+        raise WarmupError(f"no token {given} (see `warmup token list`)")
+    if len(found) > 1:
+        raise WarmupError(
+            f"token id prefix {given!r} is ambiguous: {', '.join(str(t) for t in found)} start with it; give more of it"
+        )
+    return found[0]
 
+
+def cmd_token(ns: argparse.Namespace) -> int:
     from warmup.db.engine import make_engine
     from warmup.db.migrate import upgrade
     from warmup.db.tokens import TokenStore
@@ -178,14 +201,11 @@ def cmd_token(ns: argparse.Namespace) -> int:
         elif ns.token_command == "list":
             for info in tokens.list():
                 state = f"revoked {info.revoked_at:%Y-%m-%d}" if info.revoked_at else "active"
-                print(f"{info.id}  {info.name:<20} {','.join(info.scopes):<24} {state}")
+                print(f"{short_id(info.id)}  {info.name:<20} {','.join(info.scopes):<24} {state}")
         else:
-            try:
-                token_id = uuid.UUID(ns.token_id)
-            except ValueError:
-                raise WarmupError(f"{ns.token_id!r} is not a token id (see `warmup token list`)") from None
+            token_id = _token_id(ns.token_id, [info.id for info in tokens.list()])
             if not tokens.revoke(token_id):
-                raise WarmupError(f"no active token {token_id}")
+                raise WarmupError(f"no active token {short_id(token_id)}")
             print(f"revoked {token_id}", file=sys.stderr)
     finally:
         engine.dispose()

@@ -13,7 +13,7 @@ from typing import Any
 
 from warmup.cli.common import add_spec_arguments, load_job_from_args
 from warmup.errors import WarmupError
-from warmup.formatting import format_duration
+from warmup.formatting import format_duration, short_id
 
 # `warmup submit` exit codes that CI can branch on.
 EXIT_READY, EXIT_INVALID, EXIT_FAILED, EXIT_TIMEOUT = 0, 2, 3, 4
@@ -41,8 +41,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     toolchain = sub.add_parser(
         "toolchain", help="print this environment's toolchain (what must match for a hit)"
     )
-    toolchain.add_argument("--backend", choices=["neuron", "inductor"], default="inductor")
-    toolchain.add_argument("--device", choices=["neuron", "cuda", "cpu"], default=None)
+    toolchain.add_argument(
+        "--backend",
+        choices=["neuron", "inductor"],
+        default="inductor",
+        help="compile backend (default: inductor)",
+    )
+    toolchain.add_argument(
+        "--device",
+        choices=["neuron", "cuda", "cpu"],
+        default=None,
+        help="device kind (default: neuron for the neuron backend; else cuda when torch sees a GPU, cpu otherwise)",
+    )
     toolchain.add_argument(
         "--world-size", type=int, default=1, help="training processes of the job (threads per process)"
     )
@@ -110,7 +120,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         job = client.submit(
             spec.model_dump(mode="json"), toolchain=toolchain, pool=pool, retry_failed=ns.retry_failed
         )
-        print(f"job {job['id']}: {_counts_line(job)}", file=sys.stderr)
+        print(f"job {short_id(job['id'])}: {_counts_line(job)}", file=sys.stderr)
         if not ns.wait:
             print(job["id"])
             return _exit_code(job)
@@ -137,7 +147,7 @@ def _follow(client: Any, job: dict[str, Any], timeout: float) -> int:
         job = _poll(client, job["id"])
     progress.done()
     print(
-        f"job {job['id']} {job['state']}: {_counts_line(job)} in {format_duration(time.monotonic() - started)}",
+        f"job {short_id(job['id'])} {job['state']}: {_counts_line(job)} in {format_duration(time.monotonic() - started)}",
         file=sys.stderr,
     )
     for signature in job.get("signatures", []):

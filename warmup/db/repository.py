@@ -6,12 +6,14 @@ Everything that creates or moves tasks is in `warmup.db.queue.TaskQueue`; this m
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Engine, and_, func, select, update
+from sqlalchemy import Engine, String, and_, func, select, update
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import selectinload
 
 from warmup.db import models as m
@@ -30,7 +32,10 @@ from warmup.db.records import (
     WorkerRecord,
     job_state,
 )
+from warmup.errors import AmbiguousIdError, JobNotFoundError
 
+# The fewest hex digits of a job's id that are taken for the id (when only one job's id starts with them).
+MIN_ID_PREFIX = 4
 # A manifest read refreshes an entry's last_used_at at most this often, so that many pods pulling
 # the same cache do not all write to the database.
 TOUCH_INTERVAL_S = 3600.0
@@ -73,6 +78,36 @@ class Repository:
             return session.execute(
                 select(m.Job.id).where(m.Job.spec_key == spec_key, m.Job.toolchain_key == toolchain_key)
             ).scalar_one_or_none()
+
+    def resolve_job_id(self, given: str) -> uuid.UUID:
+        """A job's id from its full form or from a prefix of its hex digits that only one job has (the status
+        page and the command line show the first 8). JobNotFoundError when none has it, AmbiguousIdError when
+        several do."""
+        digits = given.strip().lower().replace("-", "")
+        if not re.fullmatch(f"[0-9a-f]{{{MIN_ID_PREFIX},32}}", digits):
+            raise AmbiguousIdError(
+                f"{given!r} is not a job id: give the id `warmup submit` printed, or its first {MIN_ID_PREFIX} or "
+                "more hex digits (the status page shows 8)"
+            )
+        if len(digits) == 32:
+            return uuid.UUID(digits)
+        with self._sessions() as session:
+            # the text form differs by dialect (PostgreSQL's has dashes, a CHAR(32) column none)
+            text = func.replace(sql_cast(m.Job.id, String), "-", "")
+            found = list(
+                session.execute(select(m.Job.id).where(text.like(f"{digits}%")).order_by(m.Job.id).limit(3))
+                .scalars()
+                .all()
+            )
+        if not found:
+            raise JobNotFoundError(given)
+        if len(found) > 1:
+            shown = ", ".join(str(job_id) for job_id in found[:2]) + (", ..." if len(found) > 2 else "")
+            raise AmbiguousIdError(
+                f"job id prefix {given!r} is ambiguous: more than one job's id starts with it ({shown}); "
+                "give more of its digits"
+            )
+        return found[0]
 
     def job_status(self, job_id: uuid.UUID) -> JobStatus | None:
         """The job with the state of every signature it needs (None if there is no such job)."""

@@ -235,7 +235,10 @@ def _unpadded_lengths_warning(plan: PlanBuilder) -> None:
     and where the fix is, rather than leave a long plan to look like the job's nature."""
     if plan.multiple is not None:
         return
-    lengths = sorted({s.seq_len for s in plan.signatures.values() if s.compile != "eager" and s.seq_len > 1})
+    # every length the table lists, a batch of one-token rows included; a decode step's length 1 is not a batch's
+    lengths = sorted(
+        {s.seq_len for s in plan.signatures.values() if s.compile != "eager" and s.phase != "generate_decode"}
+    )
     if len(lengths) > UNPADDED_LENGTHS_WARNED:
         plan.warn(
             "pad_to_multiple_of is unset (TRL's default off Neuron), so every batch length compiles on its own: "
