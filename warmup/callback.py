@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from warmup.diagnosis import Diagnosis, RunFacts, diagnose
+from warmup.diagnosis import Diagnosis, RunFacts, args_differences, diagnose
 from warmup.errors import UnwarmedCompileError, WarmupError
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class WarmupCallback(TrainerCallback):
         self._verify_toolchain()
         self._start_counting()
         self._training, self._reported = True, False
-        self._facts = _run_facts(model, args)
+        self._facts = _run_facts(model, args, self.spec.args)
         if not self._hooks:
             self._watch_models(model)
         atexit.register(self._report_at_exit)
@@ -393,16 +393,15 @@ class WarmupCallback(TrainerCallback):
         diagnosis = self._diagnose(shape)
         if shape not in self._planned:
             then = (
-                "it is reported to the service, which warms it for the next run"
+                "it is reported to the service, which warms it for the next run if the spec can produce it"
                 if self.server
-                else ("give the callback a server (or set WARMUP_SERVER) to have it warmed for the next run")
+                else "give the callback a server (or set WARMUP_SERVER) to report it"
             )
             log.warning(
-                "trl-warmup: %s compiled during training and the plan of this spec did not list it "
-                "(the data reaches a shape the spec's data facts do not): %s; %s",
+                "trl-warmup: %s compiled during training and the plan of this spec did not list it: %s; %s",
                 label,
-                then,
                 diagnosis.sentence(),
+                then,
             )
         elif not diagnosis.warmed:
             log.warning(
@@ -474,6 +473,10 @@ class WarmupCallback(TrainerCallback):
             details["toolchain_mismatch"] = {
                 name: {"here": here, "pulled": pulled}
                 for name, (here, pulled) in sorted(check.differences.items())
+            }
+        if self._facts.args:  # the run is not the spec's: the service says so beside what it met
+            details["args"] = {
+                name: {"spec": theirs, "run": ours} for name, (theirs, ours) in self._facts.args.items()
             }
         if self.strict:
             details["strict"] = True
@@ -614,8 +617,9 @@ def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _run_facts(model: Any, args: Any) -> RunFacts:
-    """The graph-relevant settings of the model training runs, as the signature names them."""
+def _run_facts(model: Any, args: Any, spec_args: dict[str, Any]) -> RunFacts:
+    """The graph-relevant settings of the model training runs, as the signature names them, and the run's
+    arguments that shape its batches where they differ from the spec's."""
     try:
         parameters = list(model.parameters()) if model is not None else []
     except Exception:  # not a torch module: nothing observed
@@ -628,6 +632,7 @@ def _run_facts(model: Any, args: Any) -> RunFacts:
         autocast=autocast,
         gradient_checkpointing=_optional_bool(getattr(model, "is_gradient_checkpointing", None)),
         frozen=(trainable < len(parameters)) if parameters else None,
+        args=args_differences(spec_args, args) if args is not None else {},
     )
 
 

@@ -15,12 +15,14 @@ fail on the machine doing the planning; their values are read from the user's fi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
 import threading
 import typing
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -185,7 +187,7 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         kwargs["per_device_eval_batch_size"] = eval_batch * spec.target.world_size
     caught: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, accelerate_state_kept():
             warnings.simplefilter("always")
             config = cls(**kwargs)
     except (ValueError, TypeError) as error:
@@ -255,6 +257,30 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         script=trl.script,
         notes=tuple(notes),
     )
+
+
+@contextlib.contextmanager
+def accelerate_state_kept() -> Iterator[None]:
+    """Build a TRL config without touching a live trainer's accelerate state.
+
+    Building any TrainingArguments sets its devices up, and transformers first resets accelerate's
+    process-wide state (`AcceleratorState._reset_state(reset_partial_state=True)`). Where a trainer already
+    made its Accelerator (the callback or `activate` planning inside a training process), that state is the
+    trainer's: it is put back as it was, else `train()` fails on an emptied `AcceleratorState`.
+    """
+    try:
+        from accelerate.state import AcceleratorState, PartialState
+    except ImportError:  # no accelerate, no state to keep
+        yield
+        return
+    kept = [(owner._shared_state, dict(owner._shared_state)) for owner in (PartialState, AcceleratorState)]
+    try:
+        yield
+    finally:
+        for shared, before in kept:
+            if before:  # the same dict object: every live PartialState / AcceleratorState sees it again
+                shared.clear()
+                shared.update(before)
 
 
 def _deprecations(caught: list[warnings.WarningMessage], given: dict[str, Any]) -> list[str]:

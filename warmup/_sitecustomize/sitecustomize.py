@@ -65,8 +65,8 @@ def _trainers(module: ModuleType) -> None:
         from warmup.trace_skip import first_step_clock
 
         given = kwargs.get("callbacks") or ()
-        # Built before the trainer: planning the spec goes through TRL's config classes, which reset
-        # accelerate's state, so it must not run once the trainer has made its accelerator.
+        # Built before the trainer, as a script passing `callbacks=[...]` does (planning keeps accelerate's
+        # state either way: warmup.trl_args.accelerate_state_kept).
         callback = None
         if strict and not any(isinstance(c, WarmupCallback) for c in given):
             callback = WarmupCallback(strict=True)
