@@ -558,6 +558,8 @@ class WarmupCallback(TrainerCallback):
             self.last_response.get("report_id"),
             self.last_response.get("job_id"),
         )
+        for why in (self.last_response.get("unwarmable") or {}).values():
+            log.warning("trl-warmup: the service records it, but cannot warm it from this spec: %s", why)
         return self.last_response
 
     def _report_at_exit(self) -> None:

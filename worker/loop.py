@@ -375,7 +375,7 @@ class Worker:
                     None,
                     spec_key=spec_key,
                     toolchain=Keyed.of(toolchain),
-                    signature_keys=[s.key for s in status.signatures],
+                    signature_keys=status.manifest_keys(),
                     plan_size=plan_size,
                 )
                 if not manifest.missing:
