@@ -64,7 +64,8 @@ def unwarmable_reason(plan: Plan, missed: Signature, details: dict[str, Any]) ->
     batches = [s.batch for s in plan.signatures if s.phase == missed.phase]
     if not batches or missed.batch <= max(batches):
         return None
-    args = details.get("args") if isinstance(details.get("args"), dict) else {}
+    given = details.get("args")  # the callback's: {name: {"spec": ..., "run": ...}}
+    args: dict[str, Any] = given if isinstance(given, dict) else {}
     named = [
         f"{name} {values.get('run')!r} (the spec: {values.get('spec')!r})"
         for name, values in sorted(args.items())
