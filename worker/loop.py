@@ -315,7 +315,10 @@ class Worker:
         worker = self.options.worker_id
         if result.status != "ok":
             error = f"{result.status}: {result.note}" if result.note else result.status
-            state = self.queue.fail(task.id, worker, error, log_tail=result.log_tail)
+            # a shape the spec's trainer does not produce fails again at every attempt: once is enough
+            state = self.queue.fail(
+                task.id, worker, error, log_tail=result.log_tail, retry=not result.permanent
+            )
             log.warning("task %d %s: %s (%s)", task.id, signature.shape_label, error, state)
             return TaskOutcome(
                 task.id, signature.shape_label, "retry" if state == "queued" else "failed", elapsed, error
