@@ -114,6 +114,7 @@ class WarmupCallback(TrainerCallback):
         self._output_dir: Path | None = None
         self._training = False
         self._reported = False
+        self.stand_in = False  # given by `warmup exec --strict` (its sitecustomize), not by the script
         self.last_report: dict[str, Any] | None = None
         self.last_response: dict[str, Any] | None = None
         # Strict: stop at once, rather than compile, when training meets a graph the cache does not hold.
@@ -161,6 +162,11 @@ class WarmupCallback(TrainerCallback):
         self._start_counting()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if self.stand_in and self._script_has_its_own():
+            # `warmup exec --strict` gave this trainer a callback, and the script added its own after the
+            # trainer was built (add_callback): the script's watches the run, this one stays out of it.
+            self._reported = True  # nothing observed, nothing reported
+            return
         self._output_dir = Path(args.output_dir) if getattr(args, "output_dir", None) else None
         self._verify_toolchain()
         self._start_counting()
@@ -310,6 +316,13 @@ class WarmupCallback(TrainerCallback):
         if ref is not None and hasattr(ref, "register_forward_pre_hook"):
             self._hooks.append(ref.register_forward_pre_hook(self._observer("ref"), with_kwargs=True))
             self._watching_ref = True
+
+    def _script_has_its_own(self) -> bool:
+        trainer = self._calling_trainer()
+        handler = getattr(trainer, "callback_handler", None)
+        return any(
+            isinstance(c, WarmupCallback) and not c.stand_in for c in getattr(handler, "callbacks", ())
+        )
 
     def _calling_trainer(self) -> Any:
         """The Trainer whose callback handler is running this callback, from the call stack (transformers

@@ -30,8 +30,18 @@ POD_TRAIN = Path(__file__).resolve().parents[1] / "support" / "pod_train.py"
 
 @pytest.mark.parametrize(
     ("attach", "under_exec"),
-    [("constructor", False), ("add_callback", False), ("add_callback", True)],
-    ids=["callbacks=[...]", "add_callback", "add_callback under warmup exec"],
+    [
+        ("constructor", []),
+        ("add_callback", []),
+        ("add_callback", ["exec"]),
+        ("add_callback", ["exec", "--strict"]),
+    ],
+    ids=[
+        "callbacks=[...]",
+        "add_callback",
+        "add_callback under warmup exec",
+        "add_callback under exec --strict",
+    ],
 )
 def test_the_callback_attached_each_way_trains_and_reports(
     tiny_model_dir, user_weights_dir, tmp_path, attach, under_exec
@@ -72,7 +82,7 @@ def test_the_callback_attached_each_way_trains_and_reports(
             ),
         )
         command = [sys.executable, "-m", "warmup", "exec", spec_path, "--from", bucket]
-        command += ["--dest", tmp_path / "cache", "--", *train]
+        command += ["--dest", tmp_path / "cache", *under_exec[1:], "--", *train]
     else:
         env["WARMUP_SPEC"] = spec.canonical_json()
         command = train
@@ -88,3 +98,5 @@ def test_the_callback_attached_each_way_trains_and_reports(
     assert sorted(report["met"]) == sorted(planned.values()) and report["missed"] == []
     assert report["fresh_compiles"] == 0
     assert "args" not in report["details"]  # the run's arguments are the spec's
+    # one callback reports: under --strict, exec's own stands aside for the one the script added
+    assert done.stderr.count("trl-warmup: completed: met") == 1, done.stderr[-4000:]

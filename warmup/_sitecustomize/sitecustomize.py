@@ -70,6 +70,7 @@ def _trainers(module: ModuleType) -> None:
         callback = None
         if strict and not any(isinstance(c, WarmupCallback) for c in given):
             callback = WarmupCallback(strict=True)
+            callback.stand_in = True  # a script that adds its own after the build (add_callback) keeps it
         init(self, *args, **kwargs)
         handler = getattr(self, "callback_handler", None)
         present = handler is None or any(isinstance(c, WarmupCallback) for c in handler.callbacks)
