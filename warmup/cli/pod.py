@@ -238,7 +238,7 @@ def _say_what_the_pull_found(pending: Any) -> None:
         )
     if pending.manifest.missing:
         print(
-            f"warning: {len(pending.manifest.missing)} planned signature(s) are not warm yet (--allow-partial): "
+            f"warning: {len(pending.manifest.missing)} signature(s) are not warm yet (--allow-partial): "
             "a run that meets one of these shapes compiles it (under --strict it stops there instead)",
             file=sys.stderr,
         )
