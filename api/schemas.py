@@ -119,6 +119,11 @@ class CoverageResponse(BaseModel):
     job_id: uuid.UUID
     report_id: int
     enqueued: list[str] = Field(description="Keys of missed signatures that became new tasks.")
+    unwarmable: dict[str, str] = Field(
+        default_factory=dict,
+        description="Missed signatures the job's spec cannot produce, by key: why. They get no task and never "
+        "change the job's state.",
+    )
 
 
 class AdviceRequest(_Body):

@@ -98,8 +98,8 @@ class Stats:
     # --- jobs and tasks ----------------------------------------------------------------------
 
     def job_states(self) -> dict[str, int]:
-        """Jobs by state (every JobState), by the same rule as a job's status."""
-        rows = signature_rows().subquery()
+        """Jobs by state (every JobState), by the same rule as a job's status: its planned signatures'."""
+        rows = signature_rows().where(m.JobSignature.source == "plan").subquery()
         has_entry = rows.c.entry_id.isnot(None).label("has_entry")
         query = select(rows.c.job_id, has_entry, rows.c.task_state, func.count()).group_by(
             rows.c.job_id, has_entry, rows.c.task_state

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from warmup.diagnosis import Diagnosis, RunFacts, diagnose
+from warmup.diagnosis import Diagnosis, RunFacts, args_differences, diagnose
 from warmup.errors import UnwarmedCompileError, WarmupError
 
 if TYPE_CHECKING:
@@ -114,6 +114,7 @@ class WarmupCallback(TrainerCallback):
         self._output_dir: Path | None = None
         self._training = False
         self._reported = False
+        self.stand_in = False  # given by `warmup exec --strict` (its sitecustomize), not by the script
         self.last_report: dict[str, Any] | None = None
         self.last_response: dict[str, Any] | None = None
         # Strict: stop at once, rather than compile, when training meets a graph the cache does not hold.
@@ -161,11 +162,16 @@ class WarmupCallback(TrainerCallback):
         self._start_counting()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if self.stand_in and self._script_has_its_own():
+            # `warmup exec --strict` gave this trainer a callback, and the script added its own after the
+            # trainer was built (add_callback): the script's watches the run, this one stays out of it.
+            self._reported = True  # nothing observed, nothing reported
+            return
         self._output_dir = Path(args.output_dir) if getattr(args, "output_dir", None) else None
         self._verify_toolchain()
         self._start_counting()
         self._training, self._reported = True, False
-        self._facts = _run_facts(model, args)
+        self._facts = _run_facts(model, args, self.spec.args)
         if not self._hooks:
             self._watch_models(model)
         atexit.register(self._report_at_exit)
@@ -311,6 +317,13 @@ class WarmupCallback(TrainerCallback):
             self._hooks.append(ref.register_forward_pre_hook(self._observer("ref"), with_kwargs=True))
             self._watching_ref = True
 
+    def _script_has_its_own(self) -> bool:
+        trainer = self._calling_trainer()
+        handler = getattr(trainer, "callback_handler", None)
+        return any(
+            isinstance(c, WarmupCallback) and not c.stand_in for c in getattr(handler, "callbacks", ())
+        )
+
     def _calling_trainer(self) -> Any:
         """The Trainer whose callback handler is running this callback, from the call stack (transformers
         calls events from Trainer methods through CallbackHandler.call_event), or None."""
@@ -393,16 +406,15 @@ class WarmupCallback(TrainerCallback):
         diagnosis = self._diagnose(shape)
         if shape not in self._planned:
             then = (
-                "it is reported to the service, which warms it for the next run"
+                "it is reported to the service, which warms it for the next run if the spec can produce it"
                 if self.server
-                else ("give the callback a server (or set WARMUP_SERVER) to have it warmed for the next run")
+                else "give the callback a server (or set WARMUP_SERVER) to report it"
             )
             log.warning(
-                "trl-warmup: %s compiled during training and the plan of this spec did not list it "
-                "(the data reaches a shape the spec's data facts do not): %s; %s",
+                "trl-warmup: %s compiled during training and the plan of this spec did not list it: %s; %s",
                 label,
-                then,
                 diagnosis.sentence(),
+                then,
             )
         elif not diagnosis.warmed:
             log.warning(
@@ -474,6 +486,10 @@ class WarmupCallback(TrainerCallback):
             details["toolchain_mismatch"] = {
                 name: {"here": here, "pulled": pulled}
                 for name, (here, pulled) in sorted(check.differences.items())
+            }
+        if self._facts.args:  # the run is not the spec's: the service says so beside what it met
+            details["args"] = {
+                name: {"spec": theirs, "run": ours} for name, (theirs, ours) in self._facts.args.items()
             }
         if self.strict:
             details["strict"] = True
@@ -556,6 +572,8 @@ class WarmupCallback(TrainerCallback):
             f"{summary}; report {self.last_response.get('report_id')} posted"
             + (f" for job {short_id(job)}" if job else "")
         )
+        for why in (self.last_response.get("unwarmable") or {}).values():
+            log.warning("trl-warmup: the service records it, but cannot warm it from this spec: %s", why)
         return self.last_response
 
     def _report_at_exit(self) -> None:
@@ -627,8 +645,9 @@ def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _run_facts(model: Any, args: Any) -> RunFacts:
-    """The graph-relevant settings of the model training runs, as the signature names them."""
+def _run_facts(model: Any, args: Any, spec_args: dict[str, Any]) -> RunFacts:
+    """The graph-relevant settings of the model training runs, as the signature names them, and the run's
+    arguments that shape its batches where they differ from the spec's."""
     try:
         parameters = list(model.parameters()) if model is not None else []
     except Exception:  # not a torch module: nothing observed
@@ -641,6 +660,7 @@ def _run_facts(model: Any, args: Any) -> RunFacts:
         autocast=autocast,
         gradient_checkpointing=_optional_bool(getattr(model, "is_gradient_checkpointing", None)),
         frozen=(trainable < len(parameters)) if parameters else None,
+        args=args_differences(spec_args, args) if args is not None else {},
     )
 
 

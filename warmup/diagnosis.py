@@ -4,6 +4,8 @@ A compile during training has one of three causes, and each has its own fix:
 - the spec is wrong: the run's model differs from what the spec says (dtype, mixed precision,
   gradient checkpointing, which parameters train), so the warmed graphs are not the ones training
   builds;
+- the run is not the spec's: its arguments that shape the batches (the batch size, the lengths) differ
+  from the spec's, so it meets shapes the spec's plan cannot list;
 - the plan is wrong, or the cache incomplete: the data reaches a shape the plan did not list, or
   the plan listed it and the pulled cache does not hold it (--allow-partial, a failed warm-up);
 - the environment is wrong: the toolchain this process computed differs from the one the cache was
@@ -23,6 +25,17 @@ from warmup.signature import Signature
 
 # The graph-relevant settings a training process can observe on its own model, by signature field.
 OBSERVED_FIELDS = ("dtype", "autocast", "gradient_checkpointing", "frozen")
+# The trainer arguments that decide the shapes of the batches: a run whose values differ from its spec's
+# meets shapes the plan of the spec cannot list, and the warm-up of that spec cannot produce.
+SHAPE_ARGS = (
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "max_length",
+    "max_prompt_length",
+    "max_completion_length",
+    "num_generations",
+    "pad_to_multiple_of",
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,26 @@ class RunFacts:
     autocast: str | None = None  # bf16, fp16, or None
     gradient_checkpointing: bool | None = None
     frozen: bool | None = None  # some parameters do not train (PEFT, a frozen base)
+    # SHAPE_ARGS whose value in the run differs from the spec's: {name: (the spec's, the run's)}
+    args: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
+
+
+def args_differences(spec_args: Mapping[str, Any], run_args: Any) -> dict[str, tuple[Any, Any]]:
+    """{name: (the spec's, the run's)} for each of SHAPE_ARGS the run sets otherwise than its spec. A field
+    the spec leaves out is the default of the run's own config class (the trainer's, as `trl` fills it); a
+    value `trl` resolves on the device (`pad_to_multiple_of: auto`) is not compared."""
+    defaults = getattr(type(run_args), "__dataclass_fields__", {})
+    found: dict[str, tuple[Any, Any]] = {}
+    for name in SHAPE_ARGS:
+        if not hasattr(run_args, name):
+            continue
+        given = spec_args[name] if name in spec_args else getattr(defaults.get(name), "default", None)
+        ours = getattr(run_args, name)
+        if isinstance(given, str) or not isinstance(ours, int | type(None)):
+            continue
+        if given != ours:
+            found[name] = (given, ours)
+    return found
 
 
 @dataclass(frozen=True)
@@ -45,6 +78,7 @@ class Diagnosis:
     nearest: str | None
     nearest_key: str | None
     differs: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    args: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)  # RunFacts.args
 
     @property
     def cause(self) -> str:
@@ -60,6 +94,14 @@ class Diagnosis:
             return (
                 f"the run's model differs from the spec's ({', '.join(settings)}): fix the spec (or the "
                 "training script) so that the warm-up builds the graphs training builds"
+            )
+        if not self.planned and self.args:
+            named = ", ".join(
+                f"{name} {ours!r} (the spec: {theirs!r})" for name, (theirs, ours) in self.args.items()
+            )
+            return (
+                f"the run's arguments differ from the spec's: {named}; the spec warms the shapes of its own "
+                "arguments, so run with the spec's values, or warm a spec of the run's"
             )
         if not self.planned:
             return (
@@ -92,6 +134,7 @@ class Diagnosis:
             },
             "planned": self.planned,
             "warmed": self.warmed,
+            "args": {name: {"spec": theirs, "run": ours} for name, (theirs, ours) in self.args.items()},
             "cause": self.cause,
         }
 
@@ -154,4 +197,5 @@ def diagnose(
         nearest=nearest.shape_label if nearest is not None else None,
         nearest_key=nearest.key() if nearest is not None else None,
         differs=differs,
+        args=dict(facts.args),
     )

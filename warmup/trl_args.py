@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from warmup._compat import accelerate as compat_accelerate
 from warmup.errors import FieldProblem, MissingDependencyError, SpecError
 from warmup.peft_args import peft_problems
 from warmup.spec import Spec
@@ -185,7 +186,7 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
         kwargs["per_device_eval_batch_size"] = eval_batch * spec.target.world_size
     caught: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, compat_accelerate.shared_state_kept():
             warnings.simplefilter("always")
             config = cls(**kwargs)
     except (ValueError, TypeError) as error:

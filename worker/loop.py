@@ -333,7 +333,10 @@ class Worker:
         worker = self.options.worker_id
         if result.status != "ok":
             error = f"{result.status}: {result.note}" if result.note else result.status
-            state = self.queue.fail(task.id, worker, error, log_tail=result.log_tail)
+            # a shape the spec's trainer does not produce fails again at every attempt: once is enough
+            state = self.queue.fail(
+                task.id, worker, error, log_tail=result.log_tail, retry=not result.permanent
+            )
             log.warning("task %d %s: %s (%s)", task.id, signature.shape_label, error, state)
             return TaskOutcome(
                 task.id, signature.shape_label, "retry" if state == "queued" else "failed", elapsed, error
@@ -393,7 +396,7 @@ class Worker:
                     None,
                     spec_key=spec_key,
                     toolchain=Keyed.of(toolchain),
-                    signature_keys=[s.key for s in status.signatures],
+                    signature_keys=status.manifest_keys(),
                     plan_size=plan_size,
                 )
                 if not manifest.missing:

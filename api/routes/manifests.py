@@ -84,8 +84,8 @@ def _build(body: ManifestRequest, services: Services, keys: tuple[str, str]) -> 
     labels = {s.key(): s.shape_label for s in plan.signatures}
     job_id = services.repository.find_job(*keys)
     status = services.repository.job_status(job_id) if job_id is not None else None
-    if status is not None:  # the job's signatures include the misses training runs reported
-        signature_keys = [s.key for s in status.signatures]
+    if status is not None:  # the plan's signatures, and the misses training runs reported once warm
+        signature_keys = status.manifest_keys()
         labels |= {s.key: Signature.model_validate(s.signature).shape_label for s in status.signatures}
     else:  # never submitted for this toolchain: entries from other specs may still cover it
         signature_keys = [s.key() for s in plan.signatures if s.compile != "eager"]
@@ -103,7 +103,8 @@ def _build(body: ManifestRequest, services: Services, keys: tuple[str, str]) -> 
     if manifest.missing and not body.allow_partial:
         raise PartlyWarmedError([labels.get(k, k[:12]) for k in manifest.missing])
     payload = json.dumps(manifest.model_dump(mode="json")).encode()
-    if not manifest.missing:
+    if not manifest.missing and (status is None or not status.reported_pending()):
+        # else it grows once a reported signature is warm
         services.damage.keep(damage_seen, lambda: services.manifests.put(keys, payload))
     return payload
 

@@ -47,6 +47,7 @@ STATE_COLORS = {
     "queued": "#9e9e9e",
     "failed": "#c62828",
     "missing": "#f9a825",
+    "unwarmable": "#6d4c41",  # reported by a run; the job's spec cannot produce it
 }
 
 

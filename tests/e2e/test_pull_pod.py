@@ -15,6 +15,7 @@ import re
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.jobs import run, served_warm, write_spec
@@ -172,6 +173,89 @@ def test_submit_worker_pull_exec_train_then_a_reported_miss_is_warmed(
     assert {f.path for f in grown.files} <= {
         p.relative_to(from_store).as_posix() for p in from_store.rglob("*")
     }
+
+
+def test_a_run_of_another_batch_size_never_breaks_the_shared_job(
+    services, tiny_model_dir, user_weights_dir, tmp_path
+):
+    """Issue 35. (a) `trainer.add_callback(WarmupCallback())` on a built trainer trains a warmed job with 0
+    misses. (b) A run of the same spec with batch 4 (the job warmed batch 2) under --strict stops before
+    compiling, names the batch size, and reports `train 4x32`: the service records it with its reason and no
+    task (the spec's trainer cannot produce it). (c) The job stays ready: a pull of the unchanged spec exits 0
+    without --allow-partial, and `warmup coverage` and the status page show the run's signature and why."""
+    spec_path = write_spec(
+        tmp_path / "sft.yaml",
+        "sft",
+        tiny_model_dir,
+        {"per_device_train_batch_size": 2, "max_length": 64, "pad_to_multiple_of": 32},
+        {"num_train_examples": 8, "min_tokens": 10, "max_tokens": 30},
+    )
+    spec = load_spec(spec_path)
+    (planned,) = plan_spec(spec).signatures
+    other = planned.model_copy(update={"batch": 4})
+    cache = tmp_path / "pod-cache"
+    with serve(services) as url, ServiceClient(url) as client:
+        submitted = run([sys.executable, "-m", "warmup", "submit", spec_path, "--server", url])
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip()
+        assert [o.status for o in work_until_idle(services, tmp_path)] == ["done"]
+        pulled = run([sys.executable, "-m", "warmup", "pull", spec_path, "--server", url, "--dest", cache])
+        assert pulled.returncode == 0, pulled.stderr
+
+        # (a) added to the built trainer, as transformers documents: trains, and nothing compiles
+        warm = exec_training(
+            spec_path, url, cache, user_weights_dir, tmp_path / "warm.json",
+            min_tokens=10, split=20, max_tokens=30, steps=2, attach="add_callback",
+        )  # fmt: skip
+        assert {tuple(s) for s in warm["shapes"]} == {(2, 32)}
+        report = warm["report"]
+        assert (report["fresh_compiles"], report["met"], report["missed"]) == (0, [planned.key()], [])
+        assert report["details"]["status"] == "completed" and "AcceleratorState" not in warm["stderr"]
+
+        # (b) the same spec trained with batch 4, strict: stopped before the compile, the real difference named
+        command = [sys.executable, "-m", "warmup", "exec", spec_path, "--server", url, "--dest", cache]
+        command += ["--strict", "--", sys.executable, POD_TRAIN, "--weights", user_weights_dir]
+        command += ["--out", tmp_path / "other.json", "--min-tokens", 10, "--split", 20, "--max-tokens", 30]
+        command += ["--steps", 1, "--batch", 4]
+        refused = run(command)
+        assert refused.returncode != 0, refused.stderr[-3000:]
+        assert "strict: train 4x32 was not warmed" in refused.stderr, refused.stderr[-3000:]
+        named = "the run's arguments differ from the spec's: per_device_train_batch_size 4 (the spec: 2)"
+        assert named in refused.stderr and "data facts" not in refused.stderr
+        assert "cannot warm it from this spec" in refused.stderr
+        stored = client.coverage(job_id)[-1]
+        assert stored["details"]["status"] == "refused" and stored["missed"] == [other.key()]
+        assert stored["fresh_compiles"] == 0
+
+        # (c) evidence, not a command: no task, the job stays ready, a pod of the unchanged spec starts
+        job = client.job(job_id)
+        assert job["state"] == "ready" and job["reported"] == {"unwarmable": 1}
+        (shown,) = [s for s in job["signatures"] if s["key"] == other.key()]
+        assert shown["state"] == "unwarmable" and "at most 2 rows, this one has 4" in shown["error"]
+        assert work_until_idle(services, tmp_path) == []  # nothing queued, nothing retried
+        again = run(
+            [
+                sys.executable,
+                "-m",
+                "warmup",
+                "pull",
+                spec_path,
+                "--server",
+                url,
+                "--dest",
+                tmp_path / "next-pod",
+            ]
+        )
+        assert again.returncode == 0, again.stderr
+        shown_cli = run([sys.executable, "-m", "warmup", "coverage", job_id, "--server", url])
+        assert shown_cli.returncode == 0, shown_cli.stderr
+        assert (
+            "train 4x32  unwarmable: the spec's trainer makes train batches of at most 2 rows"
+            in shown_cli.stdout
+        )
+        assert f"report(s) for job {job_id} (ready)" in shown_cli.stdout
+        page = httpx.get(f"{url}/").text
+        assert "train 4x32" in page and "unwarmable" in page and "at most 2 rows, this one has 4" in page
 
 
 def test_the_config_a_team_passes_to_trl_sft_trains_under_exec_with_nothing_compiled(

@@ -141,6 +141,7 @@ def test_pull_says_what_to_do_until_the_cache_is_complete_then_installs_it_once(
     some = warmup("pull", spec_file, "--server", api_url, "--dest", dest, "--allow-partial")
     assert some.returncode == 0, some.stderr
     assert "1 signature(s) are not warm yet" in some.stderr and "installed 3 file(s)" in some.stderr
+    assert "a run that meets one of these shapes compiles it (under --strict it stops there" in some.stderr
     part = read_local_manifest(dest, load_spec(spec_file).key())
     assert part is not None and len(part.missing) == 1 and {f.path for f in part.files} <= cache_files(dest)
 

@@ -4,7 +4,9 @@
 
 It calls neither `warmup.activate` nor anything that sets the cache up: under `warmup exec` the
 environment and the recompile limits come from exec, and `WarmupCallback()` takes the spec and the
-server from the environment exec sets. It writes what happened to --out: the batch shapes, the
+server from the environment exec sets (built before the trainer and passed in `callbacks=[...]`, or with
+--attach add_callback built after it and added by `trainer.add_callback`, transformers' documented way;
+--batch trains another batch size than the spec's). It writes what happened to --out: the batch shapes, the
 callback's report and the service's answer, Dynamo's recompile limits as this process sees them, and
 Inductor's cache counters. With --fail-at-step, train() raises at that step (the report must still go).
 """
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-callback", action="store_true", help="a script that does not add WarmupCallback itself"
     )
+    parser.add_argument("--attach", choices=["constructor", "add_callback"], default="constructor")
+    parser.add_argument("--batch", type=int, help="per_device_train_batch_size, other than the spec's")
     ns = parser.parse_args(argv)
 
     import trl
@@ -46,11 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     from warmup.callback import WarmupCallback
     from warmup.spec import load_spec
 
-    callback = None if ns.no_callback else WarmupCallback()  # spec and server from what exec sets
+    # spec and server from what exec sets; with --attach add_callback it is built once the trainer is, below
+    callback = None if ns.no_callback or ns.attach == "add_callback" else WarmupCallback()
     spec = callback.spec if callback is not None else load_spec(json.loads(os.environ["WARMUP_SPEC"]))
     out = Path(ns.out)
+    run_args = {**spec.args, **({"per_device_train_batch_size": ns.batch} if ns.batch else {})}
     args = trl.SFTConfig(
-        **spec.args,
+        **run_args,
         output_dir=str(out.parent / "trainer-out"),
         max_steps=ns.steps,
         save_strategy="no",
@@ -59,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         disable_tqdm=True,
         train_sampling_strategy="sequential",  # short, long, short, ...: every bucket is met
     )
-    batch = spec.args.get("per_device_train_batch_size", 8)
+    batch = run_args.get("per_device_train_batch_size", 8)
     splits = [int(x) for x in ns.split.split(",")]
     ranges = length_ranges(ns.min_tokens, splits, ns.max_tokens, ns.steps)
     data = texts_for_sft(random.Random(ns.data_seed), ranges, batch)
@@ -76,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         train_dataset=Dataset.from_list(data),
         callbacks=[c for c in (callback, Failing()) if c is not None],
     )
+    if ns.attach == "add_callback" and not ns.no_callback:
+        callback = WarmupCallback()  # under a live trainer: its Accelerator is made, its state must stay
+        trainer.add_callback(callback)
     collator = trainer.data_collator
 
     def recording_collator(examples: list[Any]) -> Any:

@@ -280,9 +280,11 @@ def test_coverage_misses_become_tasks(api, services, model_dir, tmp_path):
         },
     )
     assert answer.status_code == 200, answer.text
-    assert len(answer.json()["enqueued"]) == 1
+    assert len(answer.json()["enqueued"]) == 1 and answer.json()["unwarmable"] == {}
+    # the reported miss warms beside the job: it never holds up a pod whose planned signatures are warm
     manifest = api.post("/v1/manifests", json={"spec": spec, "toolchain": tc.model_dump()})
-    assert manifest.status_code == 409 and manifest.json()["detail"]["missing"] == ["train 2x96"]
+    assert manifest.status_code == 200 and manifest.json()["missing"] == []
+    assert manifest.json()["signatures"] == [planned["key"]] and len(manifest.json()["files"]) == 2
     play_worker(services, tc.key(), tmp_path)
     assert (
         len(api.post("/v1/manifests", json={"spec": spec, "toolchain": tc.model_dump()}).json()["files"]) == 4
@@ -292,6 +294,42 @@ def test_coverage_misses_become_tasks(api, services, model_dir, tmp_path):
     foreign = missed | {"model": "0" * 16}
     refused = api.post("/v1/coverage", json={"spec": spec, "toolchain": tc.model_dump(), "missed": [foreign]})
     assert refused.status_code == 422
+
+
+def test_a_run_of_another_batch_size_never_breaks_the_job(api, services, model_dir, tmp_path):
+    """Issue 35: a run trained batch 4 under a spec of batch 2 and reported `train 4x64`. The spec's trainer
+    cannot produce it: it is recorded with its reason, gets no task, the job stays ready, and a pod of the
+    unchanged spec installs its complete cache without --allow-partial."""
+    spec, tc = spec_body(model_dir), cpu_toolchain()
+    job_id = api.post("/v1/warmups", json={"spec": spec, "toolchain": tc.model_dump()}).json()["id"]
+    play_worker(services, tc.key(), tmp_path)
+    planned = api.post("/v1/plans", json={"spec": spec}).json()["signatures"][0]
+    assert (planned["phase"], planned["batch"]) == ("train", 2)
+    bigger = {k: v for k, v in planned.items() if k != "key"} | {"batch": 4}
+    report = {
+        "spec": spec,
+        "toolchain": tc.model_dump(),
+        "met": [],
+        "missed": [bigger],
+        "fresh_compiles": 1,
+        "details": {"args": {"per_device_train_batch_size": {"spec": 2, "run": 4}}},
+    }
+    answer = api.post("/v1/coverage", json=report)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["enqueued"] == []
+    (why,) = answer.json()["unwarmable"].values()
+    assert "at most 2 rows, this one has 4" in why
+    assert "per_device_train_batch_size 4 (the spec: 2)" in why
+    assert services.queue.claim("test-worker", tc.key(), lease_s=60) is None  # nothing to retry
+
+    job = api.get(f"/v1/warmups/{job_id}").json()
+    assert job["state"] == "ready" and job["reported"] == {"unwarmable": 1}
+    (shown,) = [s for s in job["signatures"] if s["source"] == "coverage"]
+    assert (shown["state"], shown["error"], shown["signature"]["batch"]) == ("unwarmable", why, 4)
+    manifest = api.post("/v1/manifests", json={"spec": spec, "toolchain": tc.model_dump()})
+    assert manifest.status_code == 200 and manifest.json()["missing"] == []
+    assert api.post("/v1/coverage", json=report).json()["unwarmable"] == answer.json()["unwarmable"]
+    assert api.get(f"/v1/warmups/{job_id}").json()["reported"] == {"unwarmable": 1}  # once
 
 
 def test_unknown_pool_and_wrong_backend_are_422(api, model_dir):

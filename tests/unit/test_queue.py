@@ -295,8 +295,10 @@ def test_coverage_report_turns_missed_signatures_into_tasks(queue: TaskQueue, re
     assert report.enqueued == [unplanned.key]
 
     status = repo.job_status(result.job_id)
-    assert status.state == "queued" and status.counts == {"ready": 2, "queued": 1}
+    # evidence, not the job: the plan's signatures are all ready, the reported one is warming beside them
+    assert status.state == "ready" and status.counts == {"ready": 2} and status.reported == {"queued": 1}
     assert {s.key: s.source for s in status.signatures}[unplanned.key] == "coverage"
+    assert status.reported_pending() and set(status.manifest_keys()) == {s.key for s in planned}
     (stored,) = repo.coverage_reports(result.job_id)
     assert stored.fresh_compiles == 1 and stored.details == {"host": "pod-0"}
     assert sorted(stored.missed) == sorted([unplanned.key, planned[0].key])
@@ -305,6 +307,74 @@ def test_coverage_report_turns_missed_signatures_into_tasks(queue: TaskQueue, re
 
     with pytest.raises(JobNotFoundError):
         queue.record_coverage(uuid.uuid4(), met=[], missed=[], fresh_compiles=0)
+
+
+def test_a_reported_signature_that_fails_for_good_never_fails_the_job(
+    queue: TaskQueue, repo: Repository
+) -> None:
+    """Issue 35: one misconfigured run reported a shape the spec cannot warm; its task failed after every
+    attempt, and the job (so every correct pod) was `failed`. A report is evidence: the job stays ready."""
+    result = submit(queue, 1)
+    task = queue.claim("w", TOOLCHAIN.key, lease_s=60)
+    queue.complete(task.id, "w", factories.fake_files(task.id), compile_seconds=1.0)
+    (other,) = factories.signatures(1, batch=8)
+    queue.record_coverage(result.job_id, met=[other.key], missed=[other], fresh_compiles=1)
+    task = queue.claim("w", TOOLCHAIN.key, lease_s=60)
+    assert task.signature_key == other.key
+    assert queue.fail(task.id, "w", "RehearsalError: cannot", retry=False) == "failed"
+
+    status = repo.job_status(result.job_id)
+    assert status.state == "ready" and status.counts == {"ready": 1} and status.reported == {"failed": 1}
+    assert status.manifest_keys() == [factories.signatures(1)[0].key] and not status.reported_pending()
+    (listed,) = repo.list_jobs()
+    assert (listed.state, listed.counts, listed.reported) == ("ready", {"ready": 1}, {"failed": 1})
+
+
+def test_a_reported_signature_the_spec_cannot_produce_is_marked_once_and_gets_no_task(
+    queue: TaskQueue, repo: Repository
+) -> None:
+    result = submit(queue, 1)
+    task = queue.claim("w", TOOLCHAIN.key, lease_s=60)
+    queue.complete(task.id, "w", factories.fake_files(task.id), compile_seconds=1.0)
+    (bigger,) = factories.signatures(1, batch=8)
+    why = "the spec's trainer makes train batches of at most 4 rows, this one has 8"
+    for _ in range(2):  # two runs report it: recorded once, with its reason
+        answer = queue.record_coverage(
+            result.job_id, met=[bigger.key], missed=[bigger], fresh_compiles=1, unwarmable={bigger.key: why}
+        )
+        assert answer.enqueued == [] and answer.unwarmable == {bigger.key: why}
+    assert queue.claim("w", TOOLCHAIN.key, lease_s=60) is None  # never rehearsed, never retried
+    status = repo.job_status(result.job_id)
+    assert status.state == "ready" and status.reported == {"unwarmable": 1}
+    (shown,) = [s for s in status.signatures if s.key == bigger.key]
+    assert (shown.state, shown.source, shown.error, shown.task_id) == ("unwarmable", "coverage", why, None)
+    assert bigger.key not in status.manifest_keys()
+    assert len(repo.coverage_reports(result.job_id)) == 2
+
+
+def test_a_planned_signature_is_never_marked_unwarmable_by_a_report(
+    queue: TaskQueue, repo: Repository
+) -> None:
+    result = submit(queue, 1)
+    (planned,) = factories.signatures(1)
+    answer = queue.record_coverage(
+        result.job_id, met=[], missed=[planned], fresh_compiles=0, unwarmable={planned.key: "a wrong claim"}
+    )
+    assert answer.unwarmable == {}
+    (shown,) = repo.job_status(result.job_id).signatures
+    assert (shown.state, shown.source) == ("queued", "plan")
+
+
+def test_a_task_is_rehearsed_with_a_spec_that_plans_it(queue: TaskQueue, repo: Repository) -> None:
+    """A signature one job's run reported and another job plans: the worker gets the spec that plans it,
+    which produces it, even when the reporting job is older."""
+    reporting = submit(queue, 0)
+    (shared,) = factories.signatures(1, batch=8)
+    queue.record_coverage(reporting.job_id, met=[], missed=[shared], fresh_compiles=1)
+    planning = queue.submit_job(factories.spec(max_length=1024), TOOLCHAIN, [shared])
+    assert planning.job_id != reporting.job_id
+    task = queue.claim("w", TOOLCHAIN.key, lease_s=60)
+    assert task.signature_key == shared.key and task.spec == factories.spec(max_length=1024)
 
 
 def test_entries_for_a_manifest_and_their_last_use(queue: TaskQueue, repo: Repository) -> None:

@@ -65,11 +65,12 @@ def _trainers(module: ModuleType) -> None:
         from warmup.trace_skip import first_step_clock
 
         given = kwargs.get("callbacks") or ()
-        # Built before the trainer: planning the spec goes through TRL's config classes, which reset
-        # accelerate's state, so it must not run once the trainer has made its accelerator.
+        # Built before the trainer, as a script passing `callbacks=[...]` does (planning keeps accelerate's
+        # state either way: warmup.trl_args.accelerate_state_kept).
         callback = None
         if strict and not any(isinstance(c, WarmupCallback) for c in given):
             callback = WarmupCallback(strict=True)
+            callback.stand_in = True  # a script that adds its own after the build (add_callback) keeps it
         init(self, *args, **kwargs)
         handler = getattr(self, "callback_handler", None)
         present = handler is None or any(isinstance(c, WarmupCallback) for c in handler.callbacks)

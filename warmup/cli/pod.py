@@ -248,7 +248,7 @@ def _say_what_the_pull_found(pending: Any) -> None:
     if pending.manifest.missing:
         print(
             f"warning: {len(pending.manifest.missing)} signature(s) are not warm yet (--allow-partial): "
-            "training will compile them",
+            "a run that meets one of these shapes compiles it (under --strict it stops there instead)",
             file=sys.stderr,
         )
 
@@ -633,6 +633,12 @@ def cmd_coverage(ns: argparse.Namespace) -> int:
         missed = [labels.get(key, key[:12]) for key in report["missed"]]
         if missed:
             print(f"report {report['id']} missed: {', '.join(missed)}")
+    reported = [s for s in job.get("signatures", []) if s.get("source") == "coverage"]
+    if reported:  # evidence: they never change the job's state
+        print("\nmet by training runs, not in the spec's plan:")
+        for signature in reported:
+            why = f": {signature['error']}" if signature.get("error") else ""
+            print(f"  {labels.get(signature['key'], signature['key'][:12])}  {signature['state']}{why}")
     print(f"\n{len(reports)} report(s) for job {short_id(job['id'])} ({job['state']})")
     return 0
 

@@ -252,22 +252,45 @@ def wait_for(fetch: Callable[[], Manifest], options: PullOptions) -> Manifest:
 
 
 def _raise_if_failed(client: ServiceClient, spec_key: str, toolchain_key: str) -> None:
-    """A job that gave up on signatures will not become warm by waiting: say which, and what to do."""
+    """A job that gave up on planned signatures will not become warm by waiting: say which, and what to do.
+    (What training runs reported never fails a job: those signatures are evidence, not the job.)"""
     for summary in client.jobs(spec_key=spec_key, toolchain_key=toolchain_key):
         if summary.get("state") != "failed":
             continue
         job = client.job(summary["id"])
-        failed = [s for s in job.get("signatures", []) if s.get("state") == "failed"]
+        failed = [
+            s
+            for s in job.get("signatures", [])
+            if s.get("state") == "failed" and s.get("source", "plan") == "plan"
+        ]
         lines = "; ".join(
             f"{signature_label(s.get('signature') or {})}: {s.get('error') or 'failed'} "
             f"(log: GET /v1/tasks/{s.get('task_id')}/log)"
             for s in failed[:5]
         )
         raise WarmupFailedError(
-            f"the warm-up of {len(failed)} signature(s) of this spec failed (job {summary['id']}): {lines}; "
-            "fix the cause and resubmit with `warmup submit SPEC --retry-failed`, or install what is "
-            "warm with --allow-partial"
+            f"the warm-up of {len(failed)} planned signature(s) of this spec failed (job {summary['id']}): "
+            f"{lines}; {failed_advice(failed)}"
         )
+
+
+def failed_advice(failed: list[dict[str, Any]]) -> str:
+    """What can make failed signatures warm. A worker that gave up after several attempts met something that
+    may pass (a crash, a time limit, the store away): queuing them again can succeed. One it refused at the
+    first attempt refuses again until the cause it named is fixed on the workers (a cause in the spec is a
+    new spec, so a new job). `--allow-partial` installs the rest; training compiles a missing shape when it
+    meets one, and under --strict stops there instead."""
+    retried = all(int(s.get("attempts") or 0) > 1 for s in failed)
+    again = (
+        "if the cause has passed, `warmup submit SPEC --retry-failed` queues them again"
+        if retried
+        else "the workers refused them: fix the cause named above on the workers, then `warmup submit SPEC "
+        "--retry-failed` (a cause in the spec needs a changed spec, which is another job)"
+    )
+    return (
+        f"{again}; or install what is warm with --allow-partial (a run that meets one of these shapes "
+        "compiles it; under --strict it stops there)"
+    )
 
 
 def bucket_manifest(store: BlobStore, spec_key: str, toolchain: Toolchain) -> Manifest:

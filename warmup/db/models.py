@@ -163,7 +163,8 @@ class Job(Base):
 
 
 class JobSignature(Base):
-    """A signature a job needs: from its plan, or met by a training run and reported as missed."""
+    """A signature of a job: from its plan (what the job is), or met by a training run and reported as
+    missed (evidence: warmed where the job's spec can produce it; it never decides the job's state)."""
 
     __tablename__ = "job_signatures"
     __table_args__ = (CheckConstraint("source IN ('plan', 'coverage')", name="source"),)
@@ -171,6 +172,8 @@ class JobSignature(Base):
     job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     signature_key: Mapped[str] = mapped_column(ForeignKey("signatures.key"), primary_key=True, index=True)
     source: Mapped[str] = mapped_column(String(16), default="plan")
+    # Why the job's spec cannot warm this reported signature (it gets no task); None: it can, or planned.
+    unwarmable: Mapped[str | None] = mapped_column(Text)
 
 
 class Task(Base):

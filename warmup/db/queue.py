@@ -21,7 +21,7 @@ workers never wait for each other; on SQLite the same statement runs in a BEGIN 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -130,20 +130,38 @@ class TaskQueue:
         missed: Sequence[Keyed],
         fresh_compiles: int,
         details: dict[str, Any] | None = None,
+        unwarmable: Mapping[str, str] | None = None,
     ) -> CoverageResult:
-        """Keep what a training run saw; signatures it missed join the job and, where they have no
-        entry and no task under the job's toolchain, become new tasks."""
+        """Keep what a training run saw. The signatures it missed join the job as evidence (they never
+        change its state): each the job's spec can produce becomes a task where it has no entry and no task
+        under the job's toolchain; each it cannot (`unwarmable`: key -> why) is recorded with its reason, once,
+        and gets no task."""
         missed = _unique(missed)
+        refused = {key: why for key, why in (unwarmable or {}).items() if key in {s.key for s in missed}}
         with self._sessions.begin() as session:
             job = session.get(m.Job, job_id)
             if job is None:
                 raise JobNotFoundError(job_id)
             keys = [s.key for s in missed]
             self._store_documents(session, m.Signature, missed)
-            self._link_signatures(session, job_id, keys, source="coverage")
+            self._link_signatures(session, job_id, keys, source="coverage", unwarmable=refused)
             with_entry = self._keys_with_entry(session, keys, job.toolchain_key)
+            # a link the plan made first keeps its source: that signature is the job's own, and warmable
+            planned = set(
+                session.execute(
+                    select(m.JobSignature.signature_key).where(
+                        m.JobSignature.job_id == job_id,
+                        m.JobSignature.signature_key.in_(list(refused)),
+                        m.JobSignature.source == "plan",
+                    )
+                ).scalars()
+            )
+            refused = {key: why for key, why in refused.items() if key not in planned}
             enqueued = self._enqueue(
-                session, [k for k in keys if k not in with_entry], job.toolchain_key, False
+                session,
+                [k for k in keys if k not in with_entry and k not in refused],
+                job.toolchain_key,
+                False,
             )
             report = m.CoverageReport(
                 job_id=job_id,
@@ -154,7 +172,7 @@ class TaskQueue:
             )
             session.add(report)
             session.flush()
-            return CoverageResult(report_id=report.id, enqueued=enqueued)
+            return CoverageResult(report_id=report.id, enqueued=enqueued, unwarmable=refused)
 
     # --- workers -------------------------------------------------------------------------------
 
@@ -212,7 +230,8 @@ class TaskQueue:
                 .where(
                     m.JobSignature.signature_key == row.signature_key, m.Job.toolchain_key == toolchain_key
                 )
-                .order_by(m.Job.created_at, m.Job.id)
+                # a spec that plans the signature produces it; one whose run only reported it may not
+                .order_by(case((m.JobSignature.source == "plan", 0), else_=1), m.Job.created_at, m.Job.id)
                 .limit(1)
             ).one_or_none()
             return ClaimedTask(
@@ -426,8 +445,19 @@ class TaskQueue:
             session, model, [{"key": d.key, "data": d.data} for d in sorted(docs, key=lambda d: d.key)]
         )
 
-    def _link_signatures(self, session: Session, job_id: uuid.UUID, keys: list[str], source: str) -> None:
-        rows = [{"job_id": job_id, "signature_key": k, "source": source} for k in sorted(keys)]
+    def _link_signatures(
+        self,
+        session: Session,
+        job_id: uuid.UUID,
+        keys: list[str],
+        source: str,
+        unwarmable: Mapping[str, str] | None = None,
+    ) -> None:
+        why = unwarmable or {}
+        rows = [
+            {"job_id": job_id, "signature_key": k, "source": source, "unwarmable": why.get(k)}
+            for k in sorted(keys)
+        ]
         self._insert_ignore(session, m.JobSignature, rows)
 
     @staticmethod

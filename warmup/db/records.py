@@ -78,7 +78,7 @@ class SubmitResult(_Record):
     reused: int  # signatures that already had an entry under the toolchain
 
 
-SignatureState = Literal["ready", "queued", "running", "failed", "missing"]
+SignatureState = Literal["ready", "queued", "running", "failed", "missing", "unwarmable"]
 JobState = Literal["ready", "failed", "running", "queued", "incomplete"]
 
 
@@ -87,12 +87,12 @@ class SignatureStatus(_Record):
 
     key: str
     signature: dict[str, Any]  # the signature's document: phase, shapes, graph settings
-    state: SignatureState
+    state: SignatureState  # unwarmable: reported by a run, and the job's spec cannot produce it (no task)
     source: str  # "plan", or "coverage" when a training run reported it missed
     compile_seconds: float | None
     task_id: int | None
     attempts: int
-    error: str | None
+    error: str | None  # the task's last error; for an unwarmable signature, why the spec cannot warm it
     lease_owner: str | None  # the worker running it (or that last ran it)
     lease_expires_at: datetime | None
     stalled: bool  # running, but its worker stopped heartbeating; the next claim takes it over
@@ -102,7 +102,8 @@ class SignatureStatus(_Record):
 
 
 def job_state(counts: dict[str, int]) -> JobState:
-    """A job's state from its signatures' states: any final failure fails the job."""
+    """A job's state from its planned signatures' states: any final failure fails the job. The signatures
+    training runs reported are evidence, not the job: they never change its state (`JobSummary.reported`)."""
     if counts.get("failed"):
         return "failed"
     if sum(counts.values()) == counts.get("ready", 0):
@@ -120,12 +121,23 @@ class JobSummary(_Record):
     toolchain_key: str
     created_at: datetime
     state: JobState
-    counts: dict[str, int]  # signature state -> number of signatures
+    counts: dict[str, int]  # signature state -> number of planned signatures
+    # signature state -> number of the signatures training runs reported missed that the plan does not list
+    reported: dict[str, int] = Field(default_factory=dict)
 
 
 class JobStatus(JobSummary):
     warnings: list[str]
     signatures: list[SignatureStatus]
+
+    def manifest_keys(self) -> list[str]:
+        """What a pod installs: every planned signature (the manifest is complete once all are ready), and
+        the reported ones that are ready (a reported one still warming, or unwarmable, never holds a pod up)."""
+        return [s.key for s in self.signatures if s.source == "plan" or s.state == "ready"]
+
+    def reported_pending(self) -> bool:
+        """A reported signature is still queued or running: the manifest will grow when it is ready."""
+        return any(s.source != "plan" and s.state in ("queued", "running") for s in self.signatures)
 
 
 class TaskLog(_Record):
@@ -147,6 +159,7 @@ class EntryRecord(_Record):
 class CoverageResult(_Record):
     report_id: int
     enqueued: list[str]  # missed signature keys that became new tasks
+    unwarmable: dict[str, str] = Field(default_factory=dict)  # missed keys the spec cannot warm -> why
 
 
 class CoverageReportRecord(_Record):

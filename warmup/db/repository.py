@@ -54,11 +54,16 @@ def pool_entry(pool: str, world_size: int) -> str:
     return pool if world_size == 1 else f"{pool}@2"
 
 
-def signature_state(has_entry: bool, task_state: m.TaskState | None) -> SignatureState:
+def signature_state(
+    has_entry: bool, task_state: m.TaskState | None, unwarmable: str | None = None
+) -> SignatureState:
     """A signature's state under a toolchain: ready once it has an entry, else its task's state.
-    A done task without an entry means retention removed the entry: missing until re-submitted."""
+    A done task without an entry means retention removed the entry: missing until re-submitted.
+    A reported signature the job's spec cannot produce is unwarmable for that job (it has no task)."""
     if has_entry:
         return "ready"
+    if unwarmable is not None:
+        return "unwarmable"
     if task_state is None or task_state == m.TaskState.done:
         return "missing"
     return task_state.value  # type: ignore[return-value]
@@ -120,7 +125,6 @@ class Repository:
                 .join(m.Signature, m.Signature.key == m.JobSignature.signature_key)
                 .add_columns(
                     m.Signature.data.label("signature"),
-                    m.JobSignature.source,
                     m.Entry.compile_seconds.label("entry_seconds"),
                     m.Task.id.label("task_id"),
                     m.Task.attempts,
@@ -139,7 +143,7 @@ class Repository:
             ).all()
             signatures = []
             for row in rows:
-                state = signature_state(row.entry_id is not None, row.task_state)
+                state = signature_state(row.entry_id is not None, row.task_state, row.unwarmable)
                 signatures.append(
                     SignatureStatus(
                         key=row.signature_key,
@@ -149,7 +153,7 @@ class Repository:
                         compile_seconds=row.entry_seconds if state == "ready" else row.task_seconds,
                         task_id=row.task_id,
                         attempts=row.attempts or 0,
-                        error=row.error,
+                        error=row.unwarmable if state == "unwarmable" else row.error,
                         lease_owner=row.lease_owner,
                         lease_expires_at=row.lease_expires_at,
                         stalled=bool(row.stalled),
@@ -158,8 +162,14 @@ class Repository:
                         finished_at=row.finished_at,
                     )
                 )
-            counts: dict[str, int] = dict(Counter(str(s.state) for s in signatures))
-            return JobStatus(**_summary_fields(job, counts), warnings=job.warnings, signatures=signatures)
+            counts: dict[str, Counter[str]] = {"plan": Counter(), "coverage": Counter()}
+            for signature in signatures:
+                counts[signature.source][signature.state] += 1
+            return JobStatus(
+                **_summary_fields(job, counts["plan"], counts["coverage"]),
+                warnings=job.warnings,
+                signatures=signatures,
+            )
 
     def jobs_needing(self, signature_key: str, toolchain_key: str) -> list[tuple[uuid.UUID, str]]:
         """(job id, spec key) of every job that needs this signature under this toolchain."""
@@ -188,11 +198,15 @@ class Repository:
             if toolchain_key is not None:
                 query = query.where(m.Job.toolchain_key == toolchain_key)
             jobs = list(session.execute(query).scalars())
-            counts: dict[uuid.UUID, Counter[str]] = defaultdict(Counter)
+            counts: dict[tuple[uuid.UUID, str], Counter[str]] = defaultdict(Counter)
             if jobs:
                 for row in session.execute(signature_rows([job.id for job in jobs])):
-                    counts[row.job_id][signature_state(row.entry_id is not None, row.task_state)] += 1
-            return [JobSummary(**_summary_fields(job, dict(counts[job.id]))) for job in jobs]
+                    state = signature_state(row.entry_id is not None, row.task_state, row.unwarmable)
+                    counts[row.job_id, row.source][state] += 1
+            return [
+                JobSummary(**_summary_fields(job, counts[job.id, "plan"], counts[job.id, "coverage"]))
+                for job in jobs
+            ]
 
     def task_log(self, task_id: int) -> TaskLog | None:
         with self._sessions() as session:
@@ -446,6 +460,8 @@ def signature_rows(job_ids: list[uuid.UUID] | None = None) -> Any:
         select(
             m.JobSignature.job_id,
             m.JobSignature.signature_key,
+            m.JobSignature.source,
+            m.JobSignature.unwarmable,
             m.Entry.id.label("entry_id"),
             m.Task.state.label("task_state"),
         )
@@ -468,12 +484,13 @@ def signature_rows(job_ids: list[uuid.UUID] | None = None) -> Any:
     return query if job_ids is None else query.where(m.JobSignature.job_id.in_(job_ids))
 
 
-def _summary_fields(job: m.Job, counts: dict[str, int]) -> dict[str, Any]:
+def _summary_fields(job: m.Job, planned: Counter[str], reported: Counter[str]) -> dict[str, Any]:
     return {
         "id": job.id,
         "spec_key": job.spec_key,
         "toolchain_key": job.toolchain_key,
         "created_at": job.created_at,
-        "state": job_state(counts),
-        "counts": counts,
+        "state": job_state(dict(planned)),  # what runs reported never decides it
+        "counts": dict(planned),
+        "reported": dict(reported),
     }

@@ -271,7 +271,7 @@ def run_to_file(job: RunJob, result_path: Path, *, rank: int = 0, progress: Path
             raise
         traceback.print_exc()
         message = str(error) if isinstance(error, WarmupError) else f"{type(error).__name__}: {error}"
-        outcome = {"status": "failed", "error": message}
+        outcome = {"status": "failed", "error": message, "permanent": isinstance(error, ShapesNotProduced)}
         code = 1
     if rank == 0:
         temp = result_path.with_suffix(".partial")
@@ -703,31 +703,38 @@ def evaluate_as_in_training(trainer: Any) -> None:
     raise RehearsalError("the evaluation never ran: train() finished without evaluating")
 
 
+class ShapesNotProduced(RehearsalError):
+    """The spec's trainer did not produce the unit's shapes: another attempt produces the same ones, so the
+    worker does not retry it (a signature a run reported that the spec cannot make, say)."""
+
+
 def check_shapes(trainer: str, unit: RehearsalUnit, account: StepAccount) -> None:
     """Fail the run unless TRL produced exactly the unit's shapes (never publish a wrong entry)."""
     want = (unit.batch, unit.seq_len)
     if trainer in ONLINE:
         seen = set(account.forwards)
         if not seen:
-            raise RehearsalError("the GRPO/RLOO step ran no log-prob forward; nothing was rehearsed")
+            raise ShapesNotProduced("the GRPO/RLOO step ran no log-prob forward; nothing was rehearsed")
         if seen != {want}:
-            raise RehearsalError(
+            raise ShapesNotProduced(
                 f"the step produced forward shapes {sorted(seen)}, the unit needs only {want}"
             )
         if unit.prompt_len is not None and set(account.prompts) != {unit.prompt_len}:
-            raise RehearsalError(
+            raise ShapesNotProduced(
                 f"generation used prompt widths {sorted(set(account.prompts))}, "
                 f"the unit needs {unit.prompt_len}"
             )
         return
     seen = set(account.batches)
     if not seen:
-        raise RehearsalError("the trainer collated no batch; nothing was rehearsed")
+        raise ShapesNotProduced("the trainer collated no batch; nothing was rehearsed")
     if seen != {want}:
-        raise RehearsalError(f"the trainer produced batch shapes {sorted(seen)}, the unit needs only {want}")
+        raise ShapesNotProduced(
+            f"the trainer produced batch shapes {sorted(seen)}, the unit needs only {want}"
+        )
     if trainer == "kto" and unit.kl_len is not None:
         kl_seen, kl_want = set(account.kl_batches), (unit.batch, unit.kl_len)
         if kl_seen != {kl_want}:
-            raise RehearsalError(
+            raise ShapesNotProduced(
                 f"the KTO step built KL rows {sorted(kl_seen)}, the unit needs only {kl_want}"
             )

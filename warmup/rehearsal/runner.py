@@ -89,6 +89,7 @@ class SignatureResult(BaseModel):
     shared_with: list[str] = Field(default_factory=list, description="Other signatures of the same run.")
     note: str = ""
     log_tail: str = ""
+    permanent: bool = Field(False, description="Failed in a way another attempt repeats: not retried.")
 
     @property
     def size(self) -> int:
@@ -452,7 +453,7 @@ class _Session:
             )
         elif outcome.get("status") != "ok" or event["exit_code"] != 0:
             note = str(outcome.get("error") or f"the run {_exit_description(event['exit_code'])}")
-            self._record(unit, "failed", paths, shared, note=note)
+            self._record(unit, "failed", paths, shared, note=note, permanent=bool(outcome.get("permanent")))
         else:
             files = self._collect(paths["cache"])
             account = outcome["units"][str(unit.index)]
