@@ -531,7 +531,9 @@ class WarmupCallback(TrainerCallback):
         self._write(body)
         speaks = body["details"]["rank"] == 0 or body["details"]["local_rank"] == 0
         if not speaks and not body["missed"] and not body["fresh_compiles"]:
-            return None  # the first rank of each node speaks for its copy; others only when they saw something
+            return (
+                None  # the first rank of each node speaks for its copy; others only when they saw something
+            )
         warm = len(body["met"]) - len(body["missed"])  # every missed signature is a met one
         summary = (
             f"trl-warmup: {status}: met {len(body['met'])} signature(s), {warm} warm, "

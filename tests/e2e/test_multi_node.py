@@ -106,10 +106,14 @@ def warm(
     host = cluster.host_address
     s3_there = f"http://{host}:{cluster.forward(int(s3_server.endpoint_url.rsplit(':', 1)[1]))}"
     database_there = database_url.replace(
-        f"@{postgres_server.host}:{postgres_server.port}/", f"@{host}:{cluster.forward(postgres_server.port)}/"
+        f"@{postgres_server.host}:{postgres_server.port}/",
+        f"@{host}:{cluster.forward(postgres_server.port)}/",
     )
     aws = {**s3_server.env(), "AWS_EC2_METADATA_DISABLED": "true"}
-    aws |= {"AWS_CONFIG_FILE": str(shared / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(shared / "none")}
+    aws |= {
+        "AWS_CONFIG_FILE": str(shared / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(shared / "none"),
+    }
     with pytest.MonkeyPatch.context() as patch:
         for name, value in aws.items():
             patch.setenv(name, value)
@@ -140,20 +144,30 @@ def warm(
     spec_path.write_text(spec_path.read_text().replace("device: cpu", f"device: cpu\n  world_size: {world}"))
     try:
         with serve(services, host=host) as url:
-            login_env = node_env | aws | {"AWS_ENDPOINT_URL": s3_there, "WARMUP_SERVER": url, "WARMUP_TOKEN": submit}
+            login_env = (
+                node_env | aws | {"AWS_ENDPOINT_URL": s3_there, "WARMUP_SERVER": url, "WARMUP_TOKEN": submit}
+            )
             login_env |= {"WARMUP_DATABASE_URL": database_there, "WARMUP_STORE_URL": f"s3://{bucket}/cache"}
             login_env |= {"TIMEOUT": "900", "WORKERS": "1"}
             started = time.monotonic()
-            done = cluster.login([SLURM / "prewarm.sh", spec_path, "-p", "debug"], env=login_env, cwd=shared, timeout=1000)
+            done = cluster.login(
+                [SLURM / "prewarm.sh", spec_path, "-p", "debug"], env=login_env, cwd=shared, timeout=1000
+            )
             seconds = time.monotonic() - started
             worker_logs = "\n".join(p.read_text()[-3000:] for p in shared.glob("trl-warmup-worker-*.out"))
-            assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-4000:]}\n{worker_logs}\n{cluster.logs()}"
+            assert done.returncode == 0, (
+                f"{done.stdout}\n{done.stderr[-4000:]}\n{worker_logs}\n{cluster.logs()}"
+            )
             job_id = done.stdout.split()[0]
             with ServiceClient(url, token=read) as client:
                 job = client.job(job_id)
             assert job["state"] == "ready", job
-            print(f"warmed through SLURM (prewarm.sh: submit, sbatch worker, submit --wait) in {seconds:.1f}s")
-            yield Warm(cluster, url, {**node_env, "WARMUP_SERVER": url}, spec_path, job_id, shared, user_weights_dir)
+            print(
+                f"warmed through SLURM (prewarm.sh: submit, sbatch worker, submit --wait) in {seconds:.1f}s"
+            )
+            yield Warm(
+                cluster, url, {**node_env, "WARMUP_SERVER": url}, spec_path, job_id, shared, user_weights_dir
+            )
     finally:
         services.close()
         postgres_server.drop_database(database)
@@ -165,7 +179,15 @@ def exec_on(
     """The guide's by-hand launch on `node`: `warmup exec ... -- torchrun --nnodes 2 --node_rank N --rdzv_backend
     c10d --rdzv_endpoint node1:29500 ...`, under --strict."""
     command = ["warmup", "exec", warm.spec, "--server", warm.url, "--dest", dest, "--strict", "--"]
-    command += ["torchrun", "--nnodes", "2", "--node_rank", str(rank), "--nproc_per_node", str(NPROC_PER_NODE)]
+    command += [
+        "torchrun",
+        "--nnodes",
+        "2",
+        "--node_rank",
+        str(rank),
+        "--nproc_per_node",
+        str(NPROC_PER_NODE),
+    ]
     command += ["--rdzv_backend", "c10d", "--rdzv_endpoint", "node1:29500", "--rdzv_id", out.stem]
     command += [POD_TRAIN, "--weights", warm.weights, "--out", out, *DATA]
     return warm.cluster.on(node, command, cwd=warm.shared)
@@ -262,7 +284,10 @@ def test_coverage_holds_both_nodes_reports(warm: Warm) -> None:
         by_host.setdefault(report["details"]["host"], []).append(report)
     assert set(by_host) == {"node1", "node2"}, [r["details"] for r in reports]
     for host, posted in by_host.items():
-        assert all(r["fresh_compiles"] == 0 and r["details"]["local_rank"] == 0 for r in posted), (host, posted)
+        assert all(r["fresh_compiles"] == 0 and r["details"]["local_rank"] == 0 for r in posted), (
+            host,
+            posted,
+        )
 
 
 def test_a_node_that_cannot_reach_the_service_ends_the_slurm_job_at_once(warm: Warm) -> None:
@@ -279,7 +304,9 @@ def test_a_node_that_cannot_reach_the_service_ends_the_slurm_job_at_once(warm: W
         state = warm.cluster.wait(job, timeout=420)
         seconds = time.monotonic() - started
     output = (submit_dir / f"trl-warm-{job}.out").read_text()
-    print(f"node2 cut off: job {job} {state['JobState']} after {seconds:.1f}s (RunTime {state['RunTime']})\n{output}")
+    print(
+        f"node2 cut off: job {job} {state['JobState']} after {seconds:.1f}s (RunTime {state['RunTime']})\n{output}"
+    )
     # FAILED, not TIMEOUT: node1 did not wait at the rendezvous until the time limit
     assert state["JobState"] == "FAILED", f"{state}\n{output}"
     assert "cannot reach" in output or "could not reach" in output, output
@@ -306,8 +333,12 @@ def test_a_node_with_another_torch_is_refused_by_name_before_torchrun(warm: Warm
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     seconds = time.monotonic() - started
-    print(f"node2 with torch 2.12.0: exit {done.returncode} after {seconds:.1f}s: {done.stderr.strip()[-600:]}")
+    print(
+        f"node2 with torch 2.12.0: exit {done.returncode} after {seconds:.1f}s: {done.stderr.strip()[-600:]}"
+    )
     assert done.returncode != 0, done.stderr[-3000:]
-    assert "toolchain mismatch" in done.stderr and "torch: '2.12.0' here vs" in done.stderr, done.stderr[-3000:]
+    assert "toolchain mismatch" in done.stderr and "torch: '2.12.0' here vs" in done.stderr, done.stderr[
+        -3000:
+    ]
     assert "exec: torchrun" not in done.stderr  # refused before torchrun started: it never joined
     assert not out.exists()
