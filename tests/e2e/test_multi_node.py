@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -266,11 +267,16 @@ def test_sbatch_of_the_slurm_script_trains_warm_on_both_nodes(warm: Warm) -> Non
     seconds = time.monotonic() - started
     output = (submit_dir / f"trl-warm-{job}.out").read_text()
     assert state["JobState"] == "COMPLETED", f"{state}\n{output[-8000:]}"
-    print(f"sbatch train.sbatch: job {job} on {state['NodeList']} in {seconds:.1f}s\n{output[-1500:]}")
-    lines = sorted(line for line in output.splitlines() if " fresh compile(s)" in line)
-    assert len(lines) == 2 * NPROC_PER_NODE, output[-6000:]
-    assert {line.split(" on ")[1].split(":")[0] for line in lines} == {"node1", "node2"}, lines
-    assert all(line.endswith(": 0 fresh compile(s)") for line in lines), lines
+    # The ranks' lines: their output interleaves, so they are found anywhere, not line by line.
+    ranks = re.findall(r"rank (\d+) on (node\d): (\d+) fresh compile\(s\)", output)
+    told = [line for line in output.splitlines() if line.startswith(("exec:", "installed", "srun"))]
+    print(
+        f"sbatch train.sbatch: job {job} on {state['NodeList']} in {seconds:.1f}s: {ranks}\n"
+        + "\n".join(told)
+    )
+    assert sorted(int(rank) for rank, _, _ in ranks) == list(range(2 * NPROC_PER_NODE)), output[-6000:]
+    assert {node for _, node, _ in ranks} == {"node1", "node2"}, ranks
+    assert all(fresh == "0" for _, _, fresh in ranks), ranks
     assert output.count("sha256 verified") == 2, output[-6000:]  # each node installed its own copy
     assert_every_rank_warm(rank_reports(submit_dir / f"result-{job}.json"))
     assert_own_verified_copy(warm.cluster, "sbatch", load_spec(warm.spec).key())
