@@ -7,8 +7,9 @@ through the service by one worker that SLURM runs on a node (`docker/slurm/prewa
 `warmup submit`, `sbatch worker.sbatch`, `warmup submit --wait`), with 2 processes, fewer than the job's 4.
 Then every rank on both nodes must train under `--strict` with no fresh compile, each node over its own
 verified copy, and the service's coverage must hold both nodes' reports. Across nodes: a node that cannot
-reach the service ends the SLURM job at once (the other is not left at the rendezvous), and one with another
-torch is refused by name before torchrun starts.
+reach the service ends the SLURM job at once (the other is not left at the rendezvous), or, by hand over a
+copy it installed before, trains from that copy once it is verified; one with another torch is refused by name
+before torchrun starts.
 
 The warm-up is the one compile of the module (module-scoped); every launch reuses it.
 """
@@ -189,7 +190,7 @@ def exec_on(
         "--nproc_per_node",
         str(NPROC_PER_NODE),
     ]
-    command += ["--rdzv_backend", "c10d", "--rdzv_endpoint", "node1:29500", "--rdzv_id", out.stem]
+    command += ["--rdzv_backend", "c10d", "--rdzv_endpoint", "node1:29500", "--rdzv_id", out.parent.name]
     command += [POD_TRAIN, "--weights", warm.weights, "--out", out, *DATA]
     return warm.cluster.on(node, command, cwd=warm.shared)
 
@@ -222,16 +223,17 @@ def assert_own_verified_copy(cluster: Cluster, dest_name: str, spec_key: str) ->
         assert installed.files and all((dest / f.path).is_file() for f in installed.files), node
 
 
-def test_by_hand_torchrun_on_each_node_trains_warm(warm: Warm) -> None:
-    out = warm.shared / "by-hand" / "result.json"
+def by_hand(warm: Warm, name: str) -> tuple[Path, list[Path]]:
+    """Both nodes' by-hand launches at once, over the node-local `by-hand` copies, reporting into `name`; the
+    rank-0 report's path and the nodes' logs."""
+    out = warm.shared / name / "result.json"
     out.parent.mkdir()
-    dest = warm.cluster.local / "by-hand"
-    logs = [warm.shared / f"by-hand-{node}.log" for node in ("node1", "node2")]
+    logs = [warm.shared / name / f"{node}.log" for node in ("node1", "node2")]
     started = time.monotonic()
     processes = []
     for rank, (node, log) in enumerate(zip(("node1", "node2"), logs, strict=True)):
         with open(log, "wb") as sink:
-            command = exec_on(warm, node, dest, rank, out)
+            command = exec_on(warm, node, warm.cluster.local / "by-hand", rank, out)
             processes.append(subprocess.Popen(command, env=warm.env, stdout=sink, stderr=subprocess.STDOUT))
     try:
         codes = [process.wait(timeout=900) for process in processes]
@@ -242,7 +244,12 @@ def test_by_hand_torchrun_on_each_node_trains_warm(warm: Warm) -> None:
     seconds = time.monotonic() - started
     text = "\n".join(f"--- {log.name}\n{log.read_text()[-5000:]}" for log in logs)
     assert codes == [0, 0], text
-    print(f"by hand: both nodes trained in {seconds:.1f}s")
+    print(f"by hand ({name}): both nodes trained in {seconds:.1f}s")
+    return out, logs
+
+
+def test_by_hand_torchrun_on_each_node_trains_warm(warm: Warm) -> None:
+    out, logs = by_hand(warm, "by-hand")
     for log in logs:  # each node installed its own copy, checked, while torchrun started
         assert "sha256 verified" in log.read_text(), log.read_text()[-3000:]
     assert_every_rank_warm(rank_reports(out))
@@ -348,3 +355,14 @@ def test_a_node_with_another_torch_is_refused_by_name_before_torchrun(warm: Warm
     ]
     assert "exec: torchrun" not in done.stderr  # refused before torchrun started: it never joined
     assert not out.exists()
+
+
+def test_a_node_cut_off_with_a_verified_copy_installed_trains_from_it(warm: Warm) -> None:
+    """By hand again, over the copies the first by-hand launch installed, node2 without a route to the service:
+    it checks its copy and trains from it; node1 pulls as usual. Every rank still compiles nothing."""
+    with warm.cluster.cut_off("node2", warm.cluster.host_address):
+        out, logs = by_hand(warm, "by-hand-cut-off")
+    node2 = logs[1].read_text()
+    assert "cannot reach" in node2 and "using the cache an earlier pull installed" in node2, node2[-3000:]
+    print([line for line in node2.splitlines() if line.startswith("warning:")])
+    assert_every_rank_warm(rank_reports(out))
