@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The system packages the tests need that pip cannot install, from Debian: `chromium` (the status page's
-# tests, tests/support/chromium.py) and `postgresql` (its initdb / pg_ctl start a throwaway server when none
-# answers at 127.0.0.1:5432, tests/fixtures/services.py). Installs only what is missing, says nothing when
-# everything is there. Needs apt-get, and root (or sudo).
+# tests, tests/support/chromium.py), `postgresql` (its initdb / pg_ctl start a throwaway server when none
+# answers at 127.0.0.1:5432, tests/fixtures/services.py), and `slurm-wlm`, `munge` and `iproute2` (the
+# two-node SLURM cluster in network namespaces, tests/fixtures/cluster.py). Installs only what is missing,
+# says nothing when everything is there. Needs apt-get, and root (or sudo).
 set -euo pipefail
 
 missing=()
@@ -12,6 +13,9 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null \
     && ! { command -v initdb && command -v pg_ctl; } >/dev/null; then
     missing+=(postgresql)
 fi
+{ command -v slurmctld && command -v slurmd && command -v sbatch; } >/dev/null || missing+=(slurm-wlm)
+command -v munged >/dev/null || missing+=(munge)
+command -v ip >/dev/null || missing+=(iproute2)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 as_root=()

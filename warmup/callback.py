@@ -25,8 +25,8 @@ How it observes the run:
   ending (train() raised): an atexit hook, since callbacks do not see exceptions. `report()` can
   also be called by hand. The service turns missed signatures into new tasks. Posting never
   raises: a server that is down is logged and training goes on. The report is also written to
-  `<output_dir>/warmup-coverage.json`. Under torchrun, rank 0 always reports, other ranks only when
-  they compiled something.
+  `<output_dir>/warmup-coverage.json`. Under torchrun, the first rank of each node (local rank 0: each
+  node installs its own copy) always reports, other ranks only when they compiled something.
 - Step time: the wall time of each optimizer step that met no new shape (so compiled nothing) is summed
   into the report (`details.timed_steps`); the service calibrates the job's padding advice with it.
 """
@@ -37,6 +37,7 @@ import atexit
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -459,6 +460,8 @@ class WarmupCallback(TrainerCallback):
             "status": status,
             "steps": self._step,
             "rank": int(os.environ.get("RANK", "0")),
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+            "host": socket.gethostname(),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "shapes": {
                 _label(shape): {"step": seen.step, "compiled": seen.compiled}
@@ -542,9 +545,11 @@ class WarmupCallback(TrainerCallback):
             return None
         self.last_report = body
         written = self._write(body)
-        rank = body["details"]["rank"]
-        if rank != 0 and not body["missed"] and not body["fresh_compiles"]:
-            return None  # rank 0 speaks for the run; other ranks only when they saw something
+        speaks = body["details"]["rank"] == 0 or body["details"]["local_rank"] == 0
+        if not speaks and not body["missed"] and not body["fresh_compiles"]:
+            return (
+                None  # the first rank of each node speaks for its copy; others only when they saw something
+            )
         warm = len(body["met"]) - len(body["missed"])  # every missed signature is a met one
         summary = (
             f"trl-warmup: {status}: met {len(body['met'])} signature(s), {warm} warm, "

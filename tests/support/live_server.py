@@ -14,17 +14,17 @@ from warmup.api.app import create_app
 from warmup.api.services import Services
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
 @contextlib.contextmanager
-def serve(services: Services) -> Iterator[str]:
-    """Serve `services` on 127.0.0.1; yields the base URL, stops the server on exit."""
+def serve(services: Services, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve `services` on `host`; yields the base URL, stops the server on exit."""
     config = uvicorn.Config(
-        create_app(services=services), host="127.0.0.1", port=_free_port(), log_level="warning", lifespan="on"
+        create_app(services=services), host=host, port=_free_port(host), log_level="warning", lifespan="on"
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -35,7 +35,7 @@ def serve(services: Services) -> Iterator[str]:
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{config.port}"
+        yield f"http://{host}:{config.port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

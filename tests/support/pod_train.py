@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     # spec and server from what exec sets; with --attach add_callback it is built once the trainer is, below
     callback = None if ns.no_callback or ns.attach == "add_callback" else WarmupCallback()
     spec = callback.spec if callback is not None else load_spec(json.loads(os.environ["WARMUP_SPEC"]))
-    out = Path(ns.out)
+    rank = int(os.environ.get("RANK", "0"))  # under torchrun, rank k > 0 writes beside rank 0's file
+    out = Path(ns.out) if rank == 0 else Path(ns.out).with_suffix(f".rank{rank}.json")
     run_args = {**spec.args, **({"per_device_train_batch_size": ns.batch} if ns.batch else {})}
     args = trl.SFTConfig(
         **run_args,
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     batch = run_args.get("per_device_train_batch_size", 8)
     splits = [int(x) for x in ns.split.split(",")]
     ranges = length_ranges(ns.min_tokens, splits, ns.max_tokens, ns.steps)
-    data = texts_for_sft(random.Random(ns.data_seed), ranges, batch)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # every rank gets full batches of its own
+    data = texts_for_sft(random.Random(ns.data_seed), ranges, batch * world)
     shapes: list[list[int]] = []
 
     class Failing(TrainerCallback):
