@@ -19,7 +19,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], *, with_o
     """`with_options=False` names the command (for `warmup --help`) without importing the settings its
     options are generated from."""
     store = sub.add_parser("store", help="check the blob store against the entries that list its blobs")
-    store_sub = store.add_subparsers(dest="store_command", required=True, metavar="ACTION")
+    store_sub = store.add_subparsers(
+        dest="store_command", required=True, metavar="ACTION", help="what to do with the store: check"
+    )
     check = store_sub.add_parser(
         "check",
         help="read every blob an entry lists back against its sha256; remove what is damaged so that "
