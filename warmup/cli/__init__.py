@@ -6,7 +6,8 @@
 - `submit`: submit a job to the service (CI pre-warming), print this machine's toolchain;
 - `pod`: pull, exec and coverage, for training pods (base install only);
 - `service`: serve, worker, token and gc, for the service's own machines;
-- `selftest`: the zero-compile proof on this machine (tiny jobs warmed, then trained fresh).
+- `selftest`: the zero-compile proof on this machine (tiny jobs warmed, then trained fresh);
+- `doctor`: this environment's versions against the tested stacks, and the features off here.
 
 Each command imports what it needs when it runs, so `warmup pull` on a training pod starts fast and
 needs only the base install. Errors a user can cause print as one line and exit non-zero (2: invalid
@@ -20,7 +21,7 @@ import difflib
 import sys
 from collections.abc import Sequence
 
-from warmup.cli import advise, facts, local, pod, selftest, service, submit
+from warmup.cli import advise, doctor, facts, local, pod, selftest, service, submit
 from warmup.errors import SpecError, WarmupError
 
 
@@ -40,6 +41,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     submit.register(sub)
     pod.register(sub)
     selftest.register(sub)
+    doctor.register(sub)
     return parser
 
 
