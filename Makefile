@@ -42,7 +42,7 @@ test: install install-test-deps
 # (constraints/newest.txt) and the newest transformers, accelerate, TRL and peft the registry serves within the
 # extras' ranges; on it, the unit tier, the planner's truth tests against real TRL and the zero-compile proofs
 # (SFT, DPO, GRPO, LoRA SFT, a job of several processes). Its record (versions, what passed) goes to
-# $(NEWEST_VENV)/stack.json (tools/stack_record.py).
+# $(NEWEST_VENV)/stack.json (tools/stack_record.py; `--write` puts it into warmup/data/stacks.json).
 NEWEST_VENV ?= .venv-newest
 NEWEST_TESTS := tests/unit tests/integration/planner tests/e2e/test_zero_compile.py \
     tests/e2e/test_zero_compile_jobs.py::test_lora_sft_with_gradient_checkpointing tests/e2e/test_multi_process.py
@@ -55,7 +55,7 @@ $(NEWEST_VENV)/.installed: pyproject.toml constraints/newest.txt
 test-newest: install-newest install-test-deps
 	$(NEWEST_VENV)/bin/python -m pytest -n auto --dist loadgroup --junitxml=$(NEWEST_VENV)/junit.xml $(NEWEST_TESTS) \
 	    ; status=$$?; $(NEWEST_VENV)/bin/python tools/stack_record.py newest $(NEWEST_VENV)/junit.xml \
-	    > $(NEWEST_VENV)/stack.json && cat $(NEWEST_VENV)/stack.json; exit $$status
+	    > $(NEWEST_VENV)/stack.json; exit $$status
 
 # The docs site into site/; a warning (a broken link, a reference page out of step with the code) fails it.
 docs: install
