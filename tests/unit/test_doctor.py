@@ -15,7 +15,7 @@ def test_this_environment_is_in_range_and_says_which_stack_it_is(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     torch_line = next(line for line in out.splitlines() if line.strip().startswith("torch "))
-    assert "in range >=2.13" in torch_line
+    assert " in range " in torch_line, torch_line
     assert "plan" in out and "trace skip" in out and "CUDA: unrun" in out
 
 
