@@ -67,3 +67,38 @@ def test_the_declared_ranges_hold_the_tested_stacks():
         for package, version in stack["versions"].items():
             if package in ranges:
                 assert ranges[package].contains(version), (name, package, version, ranges[package])
+
+
+def test_an_environment_that_is_a_tested_stack_gets_that_stacks_last_run():
+    stacks = {
+        "stacks": {
+            "newest": {
+                "versions": {
+                    "torch": "2.14.1",
+                    "transformers": "5.25.0",
+                    "accelerate": "1.16.0",
+                    "trl": "1.16.0",
+                    "peft": "0.21.2",
+                },
+                "command": "make test-newest",
+                "recorded": "2026-12-04",
+                "features": {"plan": {"passed": 3, "failed": 0}, "zero compiles": {"passed": 4, "failed": 1}},
+            }
+        }
+    }
+    installed = {
+        "torch": "2.14.1",
+        "transformers": "5.25.0",
+        "accelerate": "1.16.0",
+        "trl": "1.16.0",
+        "peft": "0.21.2",
+    }
+    found = [doctor.Finding(n, v, "", True, ["newest"] if v else []) for n, v in installed.items()]
+    assert doctor.this_stacks_runs(found, stacks) == {
+        "newest": "`make test-newest` of 2026-12-04: plan 3/3 passed, zero compiles 4/5 passed"
+    }
+    found[0] = doctor.Finding("torch", "2.15.0", "", True, [])  # another torch: not that stack
+    assert doctor.this_stacks_runs(found, stacks) == {}
+    found[0] = doctor.Finding("torch", "2.14.1", "", True, ["newest"])
+    found[-1] = doctor.Finding("peft", None, "", None, [])  # no peft: not that stack either
+    assert doctor.this_stacks_runs(found, stacks) == {}

@@ -125,6 +125,30 @@ def field_lists() -> str:
     return f"the installed packages' ({own})" + ("" if used is shipped or used == shipped else ", remembered")
 
 
+def this_stacks_runs(found: list[Finding], stacks: dict[str, Any]) -> dict[str, str]:
+    """For each tested stack whose torch, transformers, accelerate, TRL and peft are exactly those installed here,
+    what its last recorded run showed, feature by feature."""
+    exact = {"torch", "transformers", "accelerate", "trl", "peft"}
+    same = [
+        name
+        for name in stacks["stacks"]
+        if all(name in finding.tested_on for finding in found if finding.name in exact and finding.installed)
+        and all(finding.installed for finding in found if finding.name in exact)
+    ]
+    runs = {}
+    for name in same:
+        stack = stacks["stacks"][name]
+        if stack.get("whole_suite"):
+            runs[name] = f"`{stack['command']}`, the whole suite, in every CI run"
+            continue
+        parts = [
+            f"{feature} {counts['passed']}/{counts['passed'] + counts['failed']} passed"
+            for feature, counts in stack["features"].items()
+        ]
+        runs[name] = f"`{stack['command']}` of {stack.get('recorded', '?')}: " + ", ".join(parts)
+    return runs
+
+
 def cmd_doctor(ns: argparse.Namespace) -> int:
     stacks = tested_stacks()
     try:
@@ -138,10 +162,12 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
     found = findings(ranges, stacks)
     off = features()
     lists = field_lists()
+    runs = this_stacks_runs(found, stacks)
     if ns.json:
         document = {
             "versions": [vars(finding) for finding in found],
             "features": off,
+            "tested_runs": runs,
             "trl_config_fields": lists,
             "cuda": stacks["cuda"],
         }
@@ -167,6 +193,8 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
         print("features:")
         for feature, reason in off.items():
             print(f"  {feature:<32} {'on' if reason is None else 'off: ' + reason}")
+        for name, run in runs.items():
+            print(f"this is the {name} stack: {run}")
         print(f"trl config fields: {lists}")
         print(f"CUDA: {stacks['cuda']}")
     out = [finding.name for finding in found if finding.in_range is False]
