@@ -24,14 +24,18 @@ COPY warmup ./warmup
 COPY api ./api
 COPY worker ./worker
 COPY migrations ./migrations
-# Keep the image's torch and Neuron stack: they are pinned to what is installed, so pip fails
-# (rather than replacing them) if the project's pins disagree with the base image.
+# Keep the image's stack: its torch and Neuron packages, and the transformers, accelerate, TRL and peft the
+# training pods run where the image has them, are pinned to what is installed (a cache hit needs the very same
+# versions), so pip fails rather than replacing one that is outside the extras' ranges (docs/compatibility.md:
+# TorchNeuron 2.13.x and 2.14.x). `warmup doctor` then prints what is tested and what is off in this image.
 # The project itself, from this directory: nothing to pin.
 # hadolint ignore=DL3013
 RUN python -m pip freeze \
         | grep -iE '^(torch|torch[-_]neuronx|torch[-_]xla|neuronx[-_]cc|libneuronxla)==' > /tmp/keep.txt \
     || { echo "BASE_IMAGE has no torch: use an AWS Neuron PyTorch training image" >&2; exit 1; } \
-    && python -m pip install -c /tmp/keep.txt ".[worker]"
+    && { python -m pip freeze | grep -iE '^(transformers|accelerate|trl|peft)==' >> /tmp/keep.txt || true; } \
+    && python -m pip install -c /tmp/keep.txt ".[worker]" \
+    && warmup doctor
 
 # The Neuron device plugin hands the devices to the container; the DLC's default user is kept.
 ENV HF_HOME=/var/lib/warmup/hf

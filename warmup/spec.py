@@ -6,7 +6,8 @@ on. It is read from our YAML/JSON form or imported from the YAML a user passes t
 `trl <trainer> --config ...`.
 
 This module needs neither TRL nor torch: a training pod loads specs with the base install. A trl
-config's keys are sorted by the fields of TRL's script dataclasses shipped as data
+config's keys are sorted by the fields of TRL's script dataclasses: the installed TRL's where it is installed
+(`warmup.trl_fields`, remembered once computed), else those shipped as data
 (`warmup/data/trl_cli_fields.json`); reading them as TRL reads them (`warmup.trl_config`) and the
 check against TRL's real config classes (`warmup.trl_args`) run where TRL is installed, when the job
 is planned or warmed. A side file (`read_job(side=...)`) carries what `trl` must not see: the
@@ -440,11 +441,35 @@ class ScriptFields:
     ]  # the script's other arguments (GRPO: reward_funcs, reward_model_name_or_path, ...)
 
 
+def shipped_trl_cli_fields() -> dict[str, Any]:
+    """The lists shipped with trl-warmup: those of the locked stack's TRL, accelerate and transformers."""
+    return dict(json.loads(resources.files("warmup.data").joinpath("trl_cli_fields.json").read_text()))
+
+
+def installed_trl_versions() -> dict[str, str] | None:
+    """The installed versions the field lists depend on (read from the packages' metadata, nothing imported);
+    None where one of them is not installed (a base install)."""
+    from importlib import metadata
+
+    try:
+        return {name: metadata.version(name) for name in ("trl", "accelerate", "transformers")}
+    except metadata.PackageNotFoundError:
+        return None
+
+
 @functools.cache
 def trl_cli_fields() -> dict[str, Any]:
-    """What `trl <trainer> --config` reads besides the trainer config, taken from TRL by tools/trl_cli_fields.py
-    (a pod reads trl configs with the base install: TRL is neither needed nor imported here)."""
-    return dict(json.loads(resources.files("warmup.data").joinpath("trl_cli_fields.json").read_text()))
+    """What `trl <trainer> --config` reads besides the trainer config: the installed TRL's, accelerate's and
+    transformers' (`warmup.trl_fields`, computed once per set of versions, which imports TRL), or the lists
+    shipped with trl-warmup where they are those versions' or where TRL is not installed: a pod reads its trl
+    config with the base install, and `warmup doctor` says which lists it reads."""
+    shipped = shipped_trl_cli_fields()
+    installed = installed_trl_versions()
+    if installed is None or all(shipped.get(name) == version for name, version in installed.items()):
+        return shipped
+    from warmup.trl_fields import fields_for
+
+    return fields_for(installed)
 
 
 def trl_script_fields(trainer: str) -> ScriptFields:
@@ -563,7 +588,7 @@ def trl_refuses(name: str, trainer: str) -> str:
 
 def accelerate_launch_option(name: str) -> bool:
     """Whether `accelerate launch` takes `--name`: one of its options, or (argparse's abbreviations) the start of
-    exactly one (the options shipped in trl_cli_fields.json, taken from accelerate's own launch parser)."""
+    exactly one (the options of accelerate's own launch parser: `trl_cli_fields`)."""
     options = trl_cli_fields()["accelerate_launch"]
     if name in options:
         return True

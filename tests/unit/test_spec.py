@@ -251,22 +251,65 @@ def test_grpo_eval_batch_is_checked_globally_for_the_target_world_size():
     assert resolve_trainer_args(two).per_device_eval_batch_size == 2
 
 
+@pytest.fixture
+def fresh_field_lists(tmp_path, monkeypatch):
+    """trl_cli_fields computed anew, remembered in a memo folder of the test's own."""
+    from warmup import spec
+
+    monkeypatch.setenv("WARMUP_TOOLCHAIN_MEMO", str(tmp_path / "memo" / "toolchain.json"))
+    spec.trl_cli_fields.cache_clear()
+    yield tmp_path / "memo"
+    spec.trl_cli_fields.cache_clear()
+
+
 def test_the_trl_cli_field_lists_are_the_installed_trls():
-    """warmup/data/trl_cli_fields.json lets a pod read trl configs without TRL; it must say what TRL says."""
-    import importlib.util
-    import json
-    from importlib import resources
+    """A trl config is read with the field lists of the installed TRL, accelerate and transformers, whatever
+    their versions (the shipped lists where they are the same versions, else computed from them)."""
+    from warmup.spec import trl_cli_fields
+    from warmup.trl_fields import build
+
+    assert trl_cli_fields() == build()
+
+
+def test_the_shipped_field_lists_are_the_locked_stacks():
+    """warmup/data/trl_cli_fields.json, read where TRL is not installed, is the locked stack's (the test above
+    holds it to that stack's TRL when it runs there)."""
     from pathlib import Path
 
-    tool = Path(__file__).resolve().parents[2] / "tools" / "trl_cli_fields.py"
-    module_spec = importlib.util.spec_from_file_location("trl_cli_fields", tool)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    shipped = json.loads(resources.files("warmup.data").joinpath("trl_cli_fields.json").read_text())
-    assert shipped == module.build(), (
-        "TRL changed: python tools/trl_cli_fields.py > warmup/data/trl_cli_fields.json"
-    )
+    from warmup.spec import shipped_trl_cli_fields
+
+    lock = Path(__file__).resolve().parents[2] / "constraints" / "locked.txt"
+    pins = dict(line.lower().split("==") for line in lock.read_text().splitlines() if "==" in line)
+    shipped = shipped_trl_cli_fields()
+    assert {name: shipped[name] for name in ("trl", "accelerate", "transformers")} == {
+        name: pins[name] for name in ("trl", "accelerate", "transformers")
+    }, "the lock moved: python tools/trl_cli_fields.py > warmup/data/trl_cli_fields.json in its venv"
+
+
+def test_a_base_install_without_trl_reads_the_shipped_lists(fresh_field_lists, monkeypatch):
+    from warmup import spec, trl_fields
+
+    monkeypatch.setattr(spec, "installed_trl_versions", lambda: None)
+    monkeypatch.setattr(trl_fields, "build", lambda: pytest.fail("TRL is absent: nothing to build from"))
+    assert spec.trl_cli_fields() == spec.shipped_trl_cli_fields()
+
+
+def test_versions_other_than_the_shipped_lists_are_read_from_the_install_once(fresh_field_lists, monkeypatch):
+    """An accelerate the shipped lists do not know (1.16 dropped an option of 1.15's) is read, not refused, and
+    the lists computed for it are remembered for the next process of the same install."""
+    from warmup import spec, trl_fields
+
+    real = spec.shipped_trl_cli_fields()
+    monkeypatch.setattr(spec, "shipped_trl_cli_fields", lambda: {**real, "accelerate": "0.0.0"})
+    installed = spec.installed_trl_versions()
+    assert installed is not None
+    computed = spec.trl_cli_fields()
+    assert computed == trl_fields.build() and computed["accelerate"] == installed["accelerate"]
+    (memo,) = fresh_field_lists.glob("trl-cli-fields-*.json")
+    assert installed["accelerate"] in memo.name
+    spec.trl_cli_fields.cache_clear()
+    monkeypatch.setattr(trl_fields, "build", lambda: pytest.fail("remembered: not built again"))
+    assert spec.trl_cli_fields() == computed
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,8 @@
 - `pod`: pull, exec and coverage, for training pods (base install only);
 - `service`: serve, worker, token and gc, for the service's own machines;
 - `store`: `store check`, the blob store read back against the database;
-- `selftest`: the zero-compile proof on this machine (tiny jobs warmed, then trained fresh).
+- `selftest`: the zero-compile proof on this machine (tiny jobs warmed, then trained fresh);
+- `doctor`: this environment's versions against the tested stacks, and the features off here.
 
 Each command imports what it needs when it runs, so `warmup pull` on a training pod starts fast and
 needs only the base install. Errors a user can cause print as one line and exit non-zero (2: invalid
@@ -24,7 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from warmup import __version__
-from warmup.cli import advise, facts, local, pod, selftest, service, store, submit
+from warmup.cli import advise, doctor, facts, local, pod, selftest, service, store, submit
 from warmup.errors import SpecError, WarmupError
 
 # transformers' verbosity, read once as it is first imported. A command that reads a job builds TRL's and
@@ -58,6 +59,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     submit.register(sub)
     pod.register(sub)
     selftest.register(sub)
+    doctor.register(sub)
     return parser
 
 
