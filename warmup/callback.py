@@ -43,7 +43,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
@@ -326,20 +325,10 @@ class WarmupCallback(TrainerCallback):
         )
 
     def _calling_trainer(self) -> Any:
-        """The Trainer whose callback handler is running this callback, from the call stack (transformers
-        calls events from Trainer methods through CallbackHandler.call_event), or None."""
-        frame: FrameType | None = sys._getframe(1)
-        for _ in range(12):
-            frame = frame.f_back if frame is not None else None
-            if frame is None:
-                return None
-            candidate = frame.f_locals.get("self")
-            handler = getattr(candidate, "callback_handler", None)
-            if hasattr(candidate, "model_wrapped") and any(
-                c is self for c in getattr(handler, "callbacks", ())
-            ):
-                return candidate
-        return None
+        """The Trainer whose callback handler is running this callback, or None."""
+        from warmup._compat.transformers import trainer_running
+
+        return trainer_running(self)
 
     def _observer(self, phase: str | None) -> Any:
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
-"""transformers' private names, in one place: building a model of a class that has no public `from_config`, and
-the chat template's compiled form that the data facts render conversations with.
+"""transformers' private names, in one place: building a model of a class that has no public `from_config`, the
+chat template's compiled form that the data facts render conversations with, and the Trainer that is running a
+callback, found from the call stack.
 
 Written against transformers 5.24.0; checked on transformers 5.24.0 and 5.25.0 (`CHECKED_ON`). `check()`
 resolves every target (tests/unit/test_compat.py). Importing this module imports no transformers.
@@ -7,7 +8,9 @@ resolves every target (tests/unit/test_compat.py). Importing this module imports
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from warmup._compat import targets
@@ -22,7 +25,15 @@ TARGETS = (
     Target("transformers", "PreTrainedModel._from_config", "model_from_config", ("config",)),
     Target(_CHAT, "_REASONING_FIELDS", "chat_template_compiler"),
     Target(_CHAT, "_compile_jinja_template", "chat_template_compiler", ("chat_template",)),
+    Target(
+        "transformers.trainer_callback",
+        "CallbackHandler.call_event",
+        "trainer_running",
+        ("self", "event", "args", "state", "control"),
+    ),
 )
+# How far up the stack from a callback's event the Trainer method that called the handler is.
+_TRAINER_FRAMES = 12
 
 
 def check() -> list[str]:
@@ -50,3 +61,22 @@ def chat_template_compiler() -> tuple[frozenset[str], Callable[[str], Any]] | No
     except IncompatibleLibraryError:
         return None
     return frozenset(fields), compile_template
+
+
+def trainer_running(callback: Any) -> Any:
+    """The Trainer whose callback handler is running `callback` (one of its events), or None: transformers calls
+    events from Trainer methods through `CallbackHandler.call_event`, so it is a `self` a few frames up whose
+    handler holds the callback. Called from the callback's event."""
+    targets.resolve(LIBRARY, CHECKED_ON, TARGETS[3])
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(_TRAINER_FRAMES):
+        frame = frame.f_back if frame is not None else None
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        handler = getattr(candidate, "callback_handler", None)
+        if hasattr(candidate, "model_wrapped") and any(
+            c is callback for c in getattr(handler, "callbacks", ())
+        ):
+            return candidate
+    return None
