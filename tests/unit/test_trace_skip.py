@@ -72,6 +72,26 @@ def test_a_training_process_considers_only_complete_artifacts_of_its_format(tmp_
     assert [path.name for path, _ in records] == [f"{'a' * 32}.aot"]
 
 
+def test_the_switch_still_splits_as_the_warm_up_did_and_loads_nothing(tmp_path, monkeypatch, caplog):
+    _artifact(tmp_path / trace_skip.TRACE_DIR, "a" * 32)
+    (tmp_path / trace_skip.TRACE_DIR / trace_skip.SPLIT_MARKER).write_text("{}")
+    monkeypatch.setenv(trace_skip.ENV_VAR, "0")
+    monkeypatch.setattr(trace_skip, "_ACTIVE", [])
+    hooks: list[object] = []
+    monkeypatch.setattr(trace_skip, "_on_compiled_module", hooks.append)
+    with caplog.at_level(logging.WARNING, logger="warmup.trace_skip"):
+        state = trace_skip.enable(tmp_path)
+    # the backbone is split (the warmed graphs), and the artifacts are left alone
+    assert hooks == [state.wrap] and trace_skip.active() is state
+    assert state.off == f"{trace_skip.ENV_VAR}=0" and state.available == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"trace skip off: {trace_skip.ENV_VAR}=0; Dynamo traces the backbone compiled on its own, as the warm-up "
+        "split it, and the warmed cache serves it"
+    ]
+    state.misses = 3
+    assert state.describe() == f"trace skip off ({trace_skip.ENV_VAR}=0); 3 call(s) traced"
+
+
 def test_a_cache_warmed_without_the_split_turns_it_off_and_says_why_once(tmp_path, caplog):
     _artifact(tmp_path / trace_skip.TRACE_DIR, "a" * 32)
     with caplog.at_level(logging.WARNING, logger="warmup.trace_skip"):
@@ -134,39 +154,51 @@ def test_the_numeric_check_is_bitwise_where_a_fresh_compile_reproduces_itself_an
 
 
 def _checked(monkeypatch, fresh_runs, served):
-    """`compare` with the fresh compile's runs and the artifact's values given (no compile)."""
+    """`compare` with the fresh compile's runs and the artifact's values given (no compile); also the thread
+    counts each run saw."""
     import types
 
     import torch
 
-    values = iter([fresh_runs[0], fresh_runs[1], served, *fresh_runs[2:]])
-    monkeypatch.setattr(trace_skip, "_run", lambda call, fn: next(values))
+    values = iter([*fresh_runs, served])
+    threads: list[int] = []
+
+    def run(call, fn):
+        threads.append(torch.get_num_threads())
+        return next(values)
+
+    monkeypatch.setattr(trace_skip, "_run", run)
     module = torch.nn.Linear(1, 1)
     split = types.SimpleNamespace(module=module, compiled=None)
     call = types.SimpleNamespace(split=split, args=(), kwargs={}, grad=True, training=True)
     loaded = types.SimpleNamespace(guard_check=lambda *a, **k: True)
-    return trace_skip.compare(call, loaded, exact=True)
+    return trace_skip.compare(call, loaded, exact=True), threads
 
 
-def test_two_fresh_runs_that_agree_by_chance_do_not_refuse_a_value_the_compile_does_not_reproduce(
-    monkeypatch,
-):
+def test_the_numeric_check_runs_every_kernel_on_one_thread_and_refuses_any_other_bit(monkeypatch):
     import torch
 
+    before = torch.get_num_threads()
     grad = torch.tensor([1240.0, 3.0])
-    ulp_off = grad + torch.tensor([1.2e-4, 0.0])
-    # the first two fresh runs agree; the third shows the value's own spread, which bounds the artifact's
-    runs = [[grad], [grad], [ulp_off]]
-    assert _checked(monkeypatch, runs, [ulp_off]) is None
+    accepted, threads = _checked(monkeypatch, [[grad], [grad.clone()]], [grad.clone()])
+    assert accepted is None and threads == [1, 1, 1]
+    assert torch.get_num_threads() == before
+    # one unit in the last place of a value the fresh compile reproduces: refused, whatever the value
+    problem, _ = _checked(monkeypatch, [[grad], [grad.clone()]], [grad + torch.tensor([1.2e-4, 0.0])])
+    assert problem is not None and "differs from a fresh compile's (bitwise; max 0.000122" in problem
 
 
-def test_an_artifact_that_differs_from_every_fresh_run_is_refused_after_the_most_runs(monkeypatch):
+def test_serial_kernels_hold_openmp_teams_to_one_thread_and_restore_the_settings():
+    import ctypes
+
     import torch
 
-    grad = torch.tensor([1240.0, 3.0])
-    runs = [[grad]] * trace_skip.FRESH_RUNS
-    problem = _checked(monkeypatch, runs, [grad + torch.tensor([1.2e-4, 0.0])])
-    assert problem is not None and f"the same in {trace_skip.FRESH_RUNS} fresh runs" in problem
+    omp = ctypes.CDLL("libgomp.so.1")  # torch's CPU build loads it (its own copy, under this soname)
+    threads, levels = torch.get_num_threads(), omp.omp_get_max_active_levels()
+    with trace_skip.serial_kernels():
+        assert torch.get_num_threads() == 1
+        assert omp.omp_get_max_active_levels() == 0  # a team of num_threads(N) gets one thread
+    assert (torch.get_num_threads(), omp.omp_get_max_active_levels()) == (threads, levels)
 
 
 def test_the_first_step_clock_times_the_first_step_only(monkeypatch):
