@@ -325,13 +325,26 @@ class Recorder:
     """Splits every compiled model's backbone and records its first call per input signature; `capture`
     then compiles, saves and checks an artifact for each."""
 
-    def __init__(self) -> None:
+    def __init__(self, off: str | None = None) -> None:
         self.calls: dict[str, RecordedCall] = {}
         self.splits = 0
+        self.models = 0  # compiled models seen
+        self.off = off  # why this run neither splits nor captures (None: it does)
 
     def wrap(self, optimized: Any) -> None:
-        if split_backbone(optimized, self.serve) is not None:
+        self.models += 1
+        if self.off is None and split_backbone(optimized, self.serve) is not None:
             self.splits += 1
+
+    def lost(self) -> str | None:
+        """Why a run that compiled a model keeps no trace at all (None: it compiled none, or split one)."""
+        if not self.models:
+            return None
+        if self.off is not None:
+            return self.off
+        if not self.splits:
+            return "the compiled model has no plain backbone to split (a PEFT model, hooks on the backbone, or no base_model)"
+        return None
 
     def serve(self, split: Split, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         import torch
@@ -371,16 +384,46 @@ def _detached(value: Any) -> Any:
     return value
 
 
-def start_recording() -> Recorder | None:
-    """In a rehearsal, before the trainer is built: split and record (None, with the reason logged once,
-    when this torch cannot skip the trace)."""
+def start_recording(world_size: int = 1) -> Recorder:
+    """In a rehearsal, before the trainer is built: split and record; or, when this process cannot skip the
+    trace (the switch, torch, a job of several processes), only note the compiled models, with the reason
+    logged once (`Recorder.lost`)."""
     reason = unavailable_reason()
+    if reason is None and world_size > 1:
+        reason = f"a job of {world_size} processes (not captured: one rank's artifacts are not checked for the others)"
     if reason is not None:
         log.warning("trace skip: not captured (%s); the entry holds today's caches only", reason)
-        return None
-    recorder = Recorder()
+    recorder = Recorder(off=reason)
     _on_compiled_module(recorder.wrap)
     return recorder
+
+
+# What torch's refusals mean for the user, by a phrase of its message (the first line of the message otherwise)
+KNOWN_LOSSES = (
+    (
+        "torch.utils.checkpoint",
+        "torch cannot trace non-reentrant gradient checkpointing (use_reentrant: false) as one graph "
+        "(HOP: Unsafe side effect)",
+    ),
+    (
+        "defined in local scope",
+        "the model calls a function defined in a local scope (transformers' hub kernels, use_kernelized_func), "
+        "which torch cannot save",
+    ),
+)
+
+
+def loss_line(trace: list[dict[str, Any]], lost: str | None) -> str:
+    """One line on what a rehearsal's trace skip did not keep ("" when it kept every call it recorded): its
+    reason to keep none (`Recorder.lost`), or how many calls torch refused and why (`CaptureOutcome`)."""
+    if lost:
+        return f"trace skip off: {lost}"
+    refused = [t for t in trace if not t.get("stored")]
+    if not refused:
+        return ""
+    reason = str(refused[0].get("reason", ""))
+    why = next((text for phrase, text in KNOWN_LOSSES if phrase in reason), reason.split("\n", 1)[0][:200])
+    return f"trace not kept for {len(refused)} of {len(trace)} call(s): {why}"
 
 
 def artifact_name(digest: str, description: str) -> str:
@@ -779,6 +822,10 @@ def compile_timings(first_step_s: float | None = None) -> dict[str, Any]:
         "served_untraced": state.hits if state else 0,
         "traced": state.misses if state else None,
     }
+    if state is not None and state.off is not None:
+        timings["trace_skip_off"] = state.off
+    if state is not None and state.refused:
+        timings["trace_refused"] = dict(state.refused)
     if first_step_s is not None:
         timings["first_step_s"] = round(first_step_s, 3)
     return timings
