@@ -343,7 +343,7 @@ class Recorder:
         if self.off is not None:
             return self.off
         if not self.splits:
-            return "the compiled model has no plain backbone to split (a PEFT model, hooks on the backbone, or no base_model)"
+            return NO_BACKBONE
         return None
 
     def serve(self, split: Split, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -388,14 +388,24 @@ def start_recording(world_size: int = 1) -> Recorder:
     """In a rehearsal, before the trainer is built: split and record; or, when this process cannot skip the
     trace (the switch, torch, a job of several processes), only note the compiled models, with the reason
     logged once (`Recorder.lost`)."""
-    reason = unavailable_reason()
-    if reason is None and world_size > 1:
-        reason = f"a job of {world_size} processes (not captured: one rank's artifacts are not checked for the others)"
+    reason = unavailable_reason() or predicted_loss(world_size=world_size, peft=False)
     if reason is not None:
         log.warning("trace skip: not captured (%s); the entry holds today's caches only", reason)
     recorder = Recorder(off=reason)
     _on_compiled_module(recorder.wrap)
     return recorder
+
+
+NO_BACKBONE = "the compiled model has no plain backbone to split (a PEFT model, hooks on the backbone, or no base_model)"
+
+
+def predicted_loss(*, world_size: int, peft: bool) -> str | None:
+    """Why a job keeps no trace, as far as its spec tells (`warmup plan`; the warm-up says it for certain)."""
+    if world_size > 1:
+        return f"a job of {world_size} processes (not captured: one rank's artifacts are not checked for the others)"
+    if peft:
+        return NO_BACKBONE
+    return None
 
 
 # What torch's refusals mean for the user, by a phrase of its message (the first line of the message otherwise)

@@ -212,3 +212,45 @@ def test_the_first_step_clock_times_the_first_step_only(monkeypatch):
     clock.on_step_begin(None, None, None)
     clock.on_step_end(None, None, None)
     assert trace_skip.timed_first_step() == first
+
+
+def test_a_rehearsal_says_in_one_line_what_its_trace_skip_did_not_keep():
+    assert trace_skip.loss_line([{"stored": True}], None) == ""
+    assert trace_skip.loss_line([], "a job of 2 processes") == "trace skip off: a job of 2 processes"
+    checkpoint = (
+        "Unsupported: HOP: Unsafe side effect\n  Explanation: Mutating a variable from outside the scope of this HOP"
+        " ... torch.utils.checkpoint.checkpoint ..."
+    )
+    kernels = (
+        "RuntimeError: Function <locals>.Kernelized cannot be saved ... since it's defined in local scope"
+    )
+    line = trace_skip.loss_line([{"stored": True}, {"stored": False, "reason": checkpoint}], None)
+    assert line == (
+        "trace not kept for 1 of 2 call(s): torch cannot trace non-reentrant gradient checkpointing "
+        "(use_reentrant: false) as one graph (HOP: Unsafe side effect)"
+    )
+    assert "transformers' hub kernels" in trace_skip.loss_line([{"stored": False, "reason": kernels}], None)
+    other = trace_skip.loss_line([{"stored": False, "reason": "TypeError: something new\nmore"}], None)
+    assert other == "trace not kept for 1 of 1 call(s): TypeError: something new"
+
+
+def test_a_recorder_names_why_a_compiled_model_kept_no_trace():
+    assert trace_skip.Recorder().lost() is None  # nothing compiled: nothing to say
+    several = trace_skip.Recorder(off=trace_skip.predicted_loss(world_size=4, peft=False))
+    several.models = 1
+    assert several.lost() is not None and several.lost().startswith("a job of 4 processes")
+    unsplit = trace_skip.Recorder()
+    unsplit.models = 1
+    assert unsplit.lost() == trace_skip.NO_BACKBONE
+    assert trace_skip.predicted_loss(world_size=1, peft=True) == trace_skip.NO_BACKBONE
+    assert trace_skip.predicted_loss(world_size=1, peft=False) is None
+
+
+def test_a_training_run_reports_why_its_trace_skip_was_off(tmp_path, monkeypatch):
+    state = trace_skip.TraceSkip(tmp_path, off="WARMUP_TRACE_SKIP=0", misses=2)
+    state.refuse("not loadable (EOFError)")
+    monkeypatch.setattr(trace_skip, "_ACTIVE", [state])
+    timings = trace_skip.compile_timings()
+    assert (timings["served_untraced"], timings["traced"]) == (0, 2)
+    assert timings["trace_skip_off"] == "WARMUP_TRACE_SKIP=0"
+    assert timings["trace_refused"] == {"not loadable (EOFError)": 1}
