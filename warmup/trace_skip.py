@@ -543,30 +543,27 @@ OPENMP_LIBRARIES = ("libgomp.so.1", "libomp.so", "libomp.dylib", "libiomp5.so")
 
 @contextlib.contextmanager
 def serial_kernels() -> Iterator[None]:
-    """Every CPU kernel on one thread until the block ends. torch's own ops follow `torch.set_num_threads`;
-    Inductor's kernels open OpenMP teams of their own, of the size written into their code when the thread
-    count is not the machine's, which only OpenMP's `max-active-levels` of 0 holds to one thread (set in the
-    OpenMP runtime the process has loaded, which the kernels share)."""
+    """Every OpenMP team on one thread until the block ends: OpenMP's `max-active-levels` of 0, set in the
+    runtime the process has loaded (torch's, which Inductor's kernels share), holds even a team whose size a
+    kernel names (`num_threads(N)`) to one thread, and torch's own parallel loops with it. Not
+    `torch.set_num_threads`: the thread count is among Dynamo's global guards, so the fresh compile would
+    compile again, other kernels than the artifact's. Without a known OpenMP runtime, nothing changes."""
     import ctypes
-
-    import torch
 
     runtime = None
     for name in OPENMP_LIBRARIES:
         with contextlib.suppress(OSError):
             runtime = ctypes.CDLL(name, mode=getattr(os, "RTLD_NOLOAD", 0))  # only one already loaded
             break
-    threads = torch.get_num_threads()
-    levels = runtime.omp_get_max_active_levels() if runtime is not None else None
-    torch.set_num_threads(1)
-    if runtime is not None:
-        runtime.omp_set_max_active_levels(0)
+    if runtime is None:
+        yield
+        return
+    levels = runtime.omp_get_max_active_levels()
+    runtime.omp_set_max_active_levels(0)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
-        if runtime is not None:
-            runtime.omp_set_max_active_levels(levels)
+        runtime.omp_set_max_active_levels(levels)
 
 
 def _run(call: RecordedCall, fn: Callable[[], Any]) -> list[Any]:
