@@ -258,3 +258,38 @@ def test_a_training_run_reports_why_its_trace_skip_was_off(tmp_path, monkeypatch
     assert (timings["served_untraced"], timings["traced"]) == (0, 2)
     assert timings["trace_skip_off"] == "WARMUP_TRACE_SKIP=0"
     assert timings["trace_refused"] == {"not loadable (EOFError)": 1}
+
+
+def test_warmup_warm_ends_with_the_line_that_says_the_trace_skip_was_lost(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    import yaml
+
+    from warmup.cli import main
+    from warmup.planner import plan_spec
+    from warmup.rehearsal import SignatureResult
+    from warmup.rehearsal import local as rehearsal_local
+    from warmup.spec import load_spec
+
+    spec_path = tmp_path / "job.yaml"
+    spec = {
+        "trainer": "sft",
+        "model": str(tiny_model_dir),
+        "target": {"backend": "inductor", "device": "cpu"},
+    }
+    spec["args"] = {"torch_compile": True, "max_length": 64, "pad_to_multiple_of": 32}
+    spec_path.write_text(yaml.safe_dump(spec))
+    signatures = plan_spec(load_spec(spec_path)).signatures
+    lost = "trace not kept for 1 of 1 call(s): torch cannot trace ..."
+    results = [
+        SignatureResult(key=s.key(), signature=s, status="ok", trace_lost=lost if i == 0 else "")
+        for i, s in enumerate(signatures)
+    ]
+    report = rehearsal_local.WarmReport(cache_dir=tmp_path / "cache", results=results)
+    monkeypatch.setattr(rehearsal_local, "warm_directory", lambda *a, **k: report)
+    assert main(["warm", str(spec_path), "--cache-dir", str(tmp_path / "cache")]) in (0, None)
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last == (
+        f"trace skip: lost for 1 of {len(signatures)} signature(s): {lost}; training traces those calls with "
+        "Dynamo, and the warmed caches serve them"
+    )
