@@ -19,14 +19,16 @@ so), so the graphs and their cache keys are the same in both.
 The rehearsal (`Recorder`) notes the first backbone call per input signature and, after training,
 compiles each ahead of time, saves it under `trace/` in the run's cache directory (ordinary files:
 the entry, the store, pull and relocation carry them as any other), and keeps it only if, loaded back,
-its outputs and gradients on the rehearsal batch equal a fresh compile's (bit for bit on CPU, where the
-fresh compile reproduces itself; `compare`).
+its outputs and gradients on the rehearsal batch equal a fresh compile's (bit for bit on CPU, where both
+run their kernels on one thread for the check, so that every sum is taken in one order; `compare`).
 
 A training process (`enable`, from `warmup.activate` or the sitecustomize of `warmup exec`) loads the
 artifacts made for the backbone's class and config when accelerate compiles the model; each call runs
 the first artifact whose guards (torch's own: shapes, strides, dtypes, `requires_grad`, grad mode,
 train/eval, the config values the graph read) accept it, else the backbone compiled by Dynamo (a
-miss: traced, served by the Inductor cache). The guards that cannot be serialised (object identities,
+miss: traced, served by the Inductor cache). A process that does not load them (the switch, a torch without
+the mechanism, an artifact refused) still splits the backbone as the rehearsal did: its graphs are the warmed
+ones, and the Inductor caches serve them. The guards that cannot be serialised (object identities,
 closures of the decorators around `forward`) are left out, so each artifact also carries a digest of
 the model's config and is refused for a model whose config differs.
 """
@@ -54,8 +56,6 @@ log = logging.getLogger(__name__)
 
 TRACE_DIR = "trace"
 FORMAT = 1
-# The most fresh runs the numeric check makes of a call before it refuses an artifact (see `compare`).
-FRESH_RUNS = 6
 # WARMUP_TRACE_SKIP=0 turns it off in a training process (and its capture in a rehearsal).
 ENV_VAR = "WARMUP_TRACE_SKIP"
 # Config keys that name where a model came from, not what it computes; `use_cache` is read (and guarded)
@@ -325,13 +325,26 @@ class Recorder:
     """Splits every compiled model's backbone and records its first call per input signature; `capture`
     then compiles, saves and checks an artifact for each."""
 
-    def __init__(self) -> None:
+    def __init__(self, off: str | None = None) -> None:
         self.calls: dict[str, RecordedCall] = {}
         self.splits = 0
+        self.models = 0  # compiled models seen
+        self.off = off  # why this run neither splits nor captures (None: it does)
 
     def wrap(self, optimized: Any) -> None:
-        if split_backbone(optimized, self.serve) is not None:
+        self.models += 1
+        if self.off is None and split_backbone(optimized, self.serve) is not None:
             self.splits += 1
+
+    def lost(self) -> str | None:
+        """Why a run that compiled a model keeps no trace at all (None: it compiled none, or split one)."""
+        if not self.models:
+            return None
+        if self.off is not None:
+            return self.off
+        if not self.splits:
+            return NO_BACKBONE
+        return None
 
     def serve(self, split: Split, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         import torch
@@ -371,16 +384,56 @@ def _detached(value: Any) -> Any:
     return value
 
 
-def start_recording() -> Recorder | None:
-    """In a rehearsal, before the trainer is built: split and record (None, with the reason logged once,
-    when this torch cannot skip the trace)."""
-    reason = unavailable_reason()
+def start_recording(world_size: int = 1) -> Recorder:
+    """In a rehearsal, before the trainer is built: split and record; or, when this process cannot skip the
+    trace (the switch, torch, a job of several processes), only note the compiled models, with the reason
+    logged once (`Recorder.lost`)."""
+    reason = unavailable_reason() or predicted_loss(world_size=world_size, peft=False)
     if reason is not None:
         log.warning("trace skip: not captured (%s); the entry holds today's caches only", reason)
-        return None
-    recorder = Recorder()
+    recorder = Recorder(off=reason)
     _on_compiled_module(recorder.wrap)
     return recorder
+
+
+NO_BACKBONE = "the compiled model has no plain backbone to split (a PEFT model, hooks on the backbone, or no base_model)"
+
+
+def predicted_loss(*, world_size: int, peft: bool) -> str | None:
+    """Why a job keeps no trace, as far as its spec tells (`warmup plan`; the warm-up says it for certain)."""
+    if world_size > 1:
+        return f"a job of {world_size} processes (not captured: one rank's artifacts are not checked for the others)"
+    if peft:
+        return NO_BACKBONE
+    return None
+
+
+# What torch's refusals mean for the user, by a phrase of its message (the first line of the message otherwise)
+KNOWN_LOSSES = (
+    (
+        "torch.utils.checkpoint",
+        "torch cannot trace non-reentrant gradient checkpointing (use_reentrant: false) as one graph "
+        "(HOP: Unsafe side effect)",
+    ),
+    (
+        "defined in local scope",
+        "the model calls a function defined in a local scope (transformers' hub kernels, use_kernelized_func), "
+        "which torch cannot save",
+    ),
+)
+
+
+def loss_line(trace: list[dict[str, Any]], lost: str | None) -> str:
+    """One line on what a rehearsal's trace skip did not keep ("" when it kept every call it recorded): its
+    reason to keep none (`Recorder.lost`), or how many calls torch refused and why (`CaptureOutcome`)."""
+    if lost:
+        return f"trace skip off: {lost}"
+    refused = [t for t in trace if not t.get("stored")]
+    if not refused:
+        return ""
+    reason = str(refused[0].get("reason", ""))
+    why = next((text for phrase, text in KNOWN_LOSSES if phrase in reason), reason.split("\n", 1)[0][:200])
+    return f"trace not kept for {len(refused)} of {len(trace)} call(s): {why}"
 
 
 def artifact_name(digest: str, description: str) -> str:
@@ -464,11 +517,12 @@ def compare(call: RecordedCall, loaded: Any, *, exact: bool) -> str | None:
     """None when the loaded artifact's outputs and gradients on the recorded call equal a fresh compile's
     (the backbone compiled by Dynamo); else what differs.
 
-    The fresh compile runs twice, and again (up to FRESH_RUNS times in all) while the artifact differs: a
-    value it does not reproduce itself (on CPU, the embedding's gradient, whose parallel scatter-add sums
-    in thread order and agrees with itself in about one pair of runs in six) must stay within four times
-    its own run-to-run spread; every value it reproduces in all those runs must be equal (bit for bit
-    with `exact`)."""
+    Both run under `serial_kernels`: the fresh compile and the artifact run the same kernels, and on one thread
+    a parallel sum (on CPU, the embedding's gradient is a scatter-add whose order follows the threads) is
+    taken in one order, so a sound artifact gives the fresh compile's very bits every time. The fresh compile
+    runs twice all the same: a value it still does not reproduce (a device whose kernels the check cannot
+    serialise) must stay within four times its own run-to-run spread; every other value must be equal (bit for
+    bit with `exact`)."""
     import torch
 
     module = call.split.module
@@ -477,14 +531,39 @@ def compare(call: RecordedCall, loaded: Any, *, exact: bool) -> str | None:
         accepted = loaded.guard_check(module, *call.args, **call.kwargs)
     if not accepted:
         return "the artifact's guards refuse the very call it was compiled for"
-    runs = [_run(call, lambda: call.split.compiled(*call.args, **call.kwargs)) for _ in range(2)]
-    served = _run(call, lambda: loaded(module, *call.args, **call.kwargs))
-    problem = _differences(runs, served, exact=exact)
-    # Two runs of a non-reproducible value can agree by chance: before refusing, look for its spread.
-    while problem is not None and len(runs) < FRESH_RUNS:
-        runs.append(_run(call, lambda: call.split.compiled(*call.args, **call.kwargs)))
-        problem = _differences(runs, served, exact=exact)
-    return problem
+    with serial_kernels():
+        runs = [_run(call, lambda: call.split.compiled(*call.args, **call.kwargs)) for _ in range(2)]
+        served = _run(call, lambda: loaded(module, *call.args, **call.kwargs))
+    return _differences(runs, served, exact=exact)
+
+
+# OpenMP runtimes torch's builds load (GNU's on Linux, LLVM's on macOS, Intel's in some images)
+OPENMP_LIBRARIES = ("libgomp.so.1", "libomp.so", "libomp.dylib", "libiomp5.so")
+
+
+@contextlib.contextmanager
+def serial_kernels() -> Iterator[None]:
+    """Every OpenMP team on one thread until the block ends: OpenMP's `max-active-levels` of 0, set in the
+    runtime the process has loaded (torch's, which Inductor's kernels share), holds even a team whose size a
+    kernel names (`num_threads(N)`) to one thread, and torch's own parallel loops with it. Not
+    `torch.set_num_threads`: the thread count is among Dynamo's global guards, so the fresh compile would
+    compile again, other kernels than the artifact's. Without a known OpenMP runtime, nothing changes."""
+    import ctypes
+
+    runtime = None
+    for name in OPENMP_LIBRARIES:
+        with contextlib.suppress(OSError):
+            runtime = ctypes.CDLL(name, mode=getattr(os, "RTLD_NOLOAD", 0))  # only one already loaded
+            break
+    if runtime is None:
+        yield
+        return
+    levels = runtime.omp_get_max_active_levels()
+    runtime.omp_set_max_active_levels(0)
+    try:
+        yield
+    finally:
+        runtime.omp_set_max_active_levels(levels)
 
 
 def _run(call: RecordedCall, fn: Callable[[], Any]) -> list[Any]:
@@ -580,7 +659,7 @@ class TraceSkip:
 
     def describe(self) -> str:
         if self.off is not None:
-            return f"trace skip off ({self.off})"
+            return f"trace skip off ({self.off})" + (f"; {self.misses} call(s) traced" if self.misses else "")
         text = f"trace skip: {self.hits} call(s) served without tracing, {self.misses} traced"
         text += f"; {self.loaded} of {self.available} artifact(s) loaded in {self.load_seconds:.2f} s"
         if self.refused:
@@ -589,9 +668,10 @@ class TraceSkip:
 
     def wrap(self, optimized: Any) -> None:
         """Split a freshly compiled model's backbone as the rehearsal did, and load the artifacts made for
-        its class and config (before the first forward)."""
+        its class and config (before the first forward; none when the trace skip is off: then every call
+        goes to the backbone compiled on its own, the graph the rehearsal compiled)."""
         split = split_backbone(optimized, self.serve)
-        if split is None:
+        if split is None or self.off is not None:
             return
         module = split.module
         cls = type(module)
@@ -659,7 +739,8 @@ _ACTIVE: list[TraceSkip] = []
 def enable(cache_dir: str | os.PathLike[str]) -> TraceSkip:
     """In a training process, before the trainer is built: split the backbones as the rehearsal did and
     serve warmed calls from the artifacts in `cache_dir`/trace. Says once, naming the reason, when it
-    cannot (the Inductor caches still serve every graph)."""
+    cannot load them: the backbones are split all the same (the graphs the rehearsal compiled, which the
+    Inductor caches serve; a process that did not split would compile the whole model's other graphs)."""
     cache = Path(cache_dir)
     for state in _ACTIVE:
         if state.cache_dir == cache:
@@ -668,11 +749,15 @@ def enable(cache_dir: str | os.PathLike[str]) -> TraceSkip:
     state.available = len(state.records())
     if not (cache / TRACE_DIR / SPLIT_MARKER).is_file():
         state.off = "the cache was warmed without it"
-    else:
-        state.off = unavailable_reason()
-    if state.off is not None:
         log.warning("trace skip off: %s; Dynamo traces every graph, the warmed cache serves it", state.off)
         return state
+    state.off = unavailable_reason()
+    if state.off is not None:
+        log.warning(
+            "trace skip off: %s; Dynamo traces the backbone compiled on its own, as the warm-up split it, "
+            "and the warmed cache serves it",
+            state.off,
+        )
     _on_compiled_module(state.wrap)
     _ACTIVE.append(state)
     return state
@@ -688,7 +773,7 @@ def enable_when_compiled(cache_dir: str | os.PathLike[str]) -> None:
         remove_hook(first)
         wait_for_pull()
         state = enable(cache_dir)
-        if state.off is None:
+        if state in _ACTIVE:  # split as the warm-up did (artifacts or not)
             state.wrap(optimized)
         atexit.register(_exit_line)
 
@@ -763,6 +848,10 @@ def compile_timings(first_step_s: float | None = None) -> dict[str, Any]:
         "served_untraced": state.hits if state else 0,
         "traced": state.misses if state else None,
     }
+    if state is not None and state.off is not None:
+        timings["trace_skip_off"] = state.off
+    if state is not None and state.refused:
+        timings["trace_refused"] = dict(state.refused)
     if first_step_s is not None:
         timings["first_step_s"] = round(first_step_s, 3)
     return timings

@@ -356,6 +356,13 @@ class Worker:
             len(refs),
             result.compile_seconds,
         )
+        if result.trace_lost:
+            log.warning(
+                "task %d %s: %s; training traces those calls with Dynamo, and the warmed caches serve them",
+                task.id,
+                signature.shape_label,
+                result.trace_lost,
+            )
         try:
             published = self._publish_ready_manifests(task.signature_key, task.toolchain_key)
         except Exception:  # best effort, after the task is done: it must not count as a failed task

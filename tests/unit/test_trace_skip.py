@@ -72,6 +72,26 @@ def test_a_training_process_considers_only_complete_artifacts_of_its_format(tmp_
     assert [path.name for path, _ in records] == [f"{'a' * 32}.aot"]
 
 
+def test_the_switch_still_splits_as_the_warm_up_did_and_loads_nothing(tmp_path, monkeypatch, caplog):
+    _artifact(tmp_path / trace_skip.TRACE_DIR, "a" * 32)
+    (tmp_path / trace_skip.TRACE_DIR / trace_skip.SPLIT_MARKER).write_text("{}")
+    monkeypatch.setenv(trace_skip.ENV_VAR, "0")
+    monkeypatch.setattr(trace_skip, "_ACTIVE", [])
+    hooks: list[object] = []
+    monkeypatch.setattr(trace_skip, "_on_compiled_module", hooks.append)
+    with caplog.at_level(logging.WARNING, logger="warmup.trace_skip"):
+        state = trace_skip.enable(tmp_path)
+    # the backbone is split (the warmed graphs), and the artifacts are left alone
+    assert hooks == [state.wrap] and trace_skip.active() is state
+    assert state.off == f"{trace_skip.ENV_VAR}=0" and state.available == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"trace skip off: {trace_skip.ENV_VAR}=0; Dynamo traces the backbone compiled on its own, as the warm-up "
+        "split it, and the warmed cache serves it"
+    ]
+    state.misses = 3
+    assert state.describe() == f"trace skip off ({trace_skip.ENV_VAR}=0); 3 call(s) traced"
+
+
 def test_a_cache_warmed_without_the_split_turns_it_off_and_says_why_once(tmp_path, caplog):
     _artifact(tmp_path / trace_skip.TRACE_DIR, "a" * 32)
     with caplog.at_level(logging.WARNING, logger="warmup.trace_skip"):
@@ -134,39 +154,55 @@ def test_the_numeric_check_is_bitwise_where_a_fresh_compile_reproduces_itself_an
 
 
 def _checked(monkeypatch, fresh_runs, served):
-    """`compare` with the fresh compile's runs and the artifact's values given (no compile)."""
+    """`compare` with the fresh compile's runs and the artifact's values given (no compile); also the thread
+    counts each run saw."""
+    import ctypes
     import types
 
     import torch
 
-    values = iter([fresh_runs[0], fresh_runs[1], served, *fresh_runs[2:]])
-    monkeypatch.setattr(trace_skip, "_run", lambda call, fn: next(values))
+    omp = ctypes.CDLL("libgomp.so.1")  # torch's CPU build loads it (its own copy, under this soname)
+    values = iter([*fresh_runs, served])
+    threads: list[int] = []
+
+    def run(call, fn):  # the largest OpenMP team a kernel could get now
+        threads.append(1 if omp.omp_get_max_active_levels() == 0 else torch.get_num_threads())
+        return next(values)
+
+    monkeypatch.setattr(trace_skip, "_run", run)
     module = torch.nn.Linear(1, 1)
     split = types.SimpleNamespace(module=module, compiled=None)
     call = types.SimpleNamespace(split=split, args=(), kwargs={}, grad=True, training=True)
     loaded = types.SimpleNamespace(guard_check=lambda *a, **k: True)
-    return trace_skip.compare(call, loaded, exact=True)
+    return trace_skip.compare(call, loaded, exact=True), threads
 
 
-def test_two_fresh_runs_that_agree_by_chance_do_not_refuse_a_value_the_compile_does_not_reproduce(
-    monkeypatch,
-):
+def test_the_numeric_check_runs_every_kernel_on_one_thread_and_refuses_any_other_bit(monkeypatch):
     import torch
 
+    before = torch.get_num_threads()
     grad = torch.tensor([1240.0, 3.0])
-    ulp_off = grad + torch.tensor([1.2e-4, 0.0])
-    # the first two fresh runs agree; the third shows the value's own spread, which bounds the artifact's
-    runs = [[grad], [grad], [ulp_off]]
-    assert _checked(monkeypatch, runs, [ulp_off]) is None
+    accepted, threads = _checked(monkeypatch, [[grad], [grad.clone()]], [grad.clone()])
+    assert accepted is None and threads == [1, 1, 1]
+    assert torch.get_num_threads() == before
+    # one unit in the last place of a value the fresh compile reproduces: refused, whatever the value
+    problem, _ = _checked(monkeypatch, [[grad], [grad.clone()]], [grad + torch.tensor([1.2e-4, 0.0])])
+    assert problem is not None and "differs from a fresh compile's (bitwise; max 0.000122" in problem
 
 
-def test_an_artifact_that_differs_from_every_fresh_run_is_refused_after_the_most_runs(monkeypatch):
+def test_serial_kernels_hold_openmp_teams_to_one_thread_without_tripping_dynamos_guards():
+    import ctypes
+
     import torch
 
-    grad = torch.tensor([1240.0, 3.0])
-    runs = [[grad]] * trace_skip.FRESH_RUNS
-    problem = _checked(monkeypatch, runs, [grad + torch.tensor([1.2e-4, 0.0])])
-    assert problem is not None and f"the same in {trace_skip.FRESH_RUNS} fresh runs" in problem
+    omp = ctypes.CDLL("libgomp.so.1")  # torch's CPU build loads it (its own copy, under this soname)
+    levels = omp.omp_get_max_active_levels()
+    state = torch._C._dynamo.guards.GlobalStateGuard()  # what a compiled frame checks before it runs
+    with trace_skip.serial_kernels():
+        assert omp.omp_get_max_active_levels() == 0  # even a team of num_threads(N) gets one thread
+        # the thread count is among Dynamo's guards: changing it would compile the fresh side again
+        assert state.check(), state.reason()
+    assert omp.omp_get_max_active_levels() == levels
 
 
 def test_the_first_step_clock_times_the_first_step_only(monkeypatch):
@@ -180,3 +216,80 @@ def test_the_first_step_clock_times_the_first_step_only(monkeypatch):
     clock.on_step_begin(None, None, None)
     clock.on_step_end(None, None, None)
     assert trace_skip.timed_first_step() == first
+
+
+def test_a_rehearsal_says_in_one_line_what_its_trace_skip_did_not_keep():
+    assert trace_skip.loss_line([{"stored": True}], None) == ""
+    assert trace_skip.loss_line([], "a job of 2 processes") == "trace skip off: a job of 2 processes"
+    checkpoint = (
+        "Unsupported: HOP: Unsafe side effect\n  Explanation: Mutating a variable from outside the scope of this HOP"
+        " ... torch.utils.checkpoint.checkpoint ..."
+    )
+    kernels = (
+        "RuntimeError: Function <locals>.Kernelized cannot be saved ... since it's defined in local scope"
+    )
+    line = trace_skip.loss_line([{"stored": True}, {"stored": False, "reason": checkpoint}], None)
+    assert line == (
+        "trace not kept for 1 of 2 call(s): torch cannot trace non-reentrant gradient checkpointing "
+        "(use_reentrant: false) as one graph (HOP: Unsafe side effect)"
+    )
+    assert "transformers' hub kernels" in trace_skip.loss_line([{"stored": False, "reason": kernels}], None)
+    other = trace_skip.loss_line([{"stored": False, "reason": "TypeError: something new\nmore"}], None)
+    assert other == "trace not kept for 1 of 1 call(s): TypeError: something new"
+
+
+def test_a_recorder_names_why_a_compiled_model_kept_no_trace():
+    assert trace_skip.Recorder().lost() is None  # nothing compiled: nothing to say
+    several = trace_skip.Recorder(off=trace_skip.predicted_loss(world_size=4, peft=False))
+    several.models = 1
+    assert several.lost() is not None and several.lost().startswith("a job of 4 processes")
+    unsplit = trace_skip.Recorder()
+    unsplit.models = 1
+    assert unsplit.lost() == trace_skip.NO_BACKBONE
+    assert trace_skip.predicted_loss(world_size=1, peft=True) == trace_skip.NO_BACKBONE
+    assert trace_skip.predicted_loss(world_size=1, peft=False) is None
+
+
+def test_a_training_run_reports_why_its_trace_skip_was_off(tmp_path, monkeypatch):
+    state = trace_skip.TraceSkip(tmp_path, off="WARMUP_TRACE_SKIP=0", misses=2)
+    state.refuse("not loadable (EOFError)")
+    monkeypatch.setattr(trace_skip, "_ACTIVE", [state])
+    timings = trace_skip.compile_timings()
+    assert (timings["served_untraced"], timings["traced"]) == (0, 2)
+    assert timings["trace_skip_off"] == "WARMUP_TRACE_SKIP=0"
+    assert timings["trace_refused"] == {"not loadable (EOFError)": 1}
+
+
+def test_warmup_warm_ends_with_the_line_that_says_the_trace_skip_was_lost(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    import yaml
+
+    from warmup.cli import main
+    from warmup.planner.planning import plan_spec
+    from warmup.rehearsal import local as rehearsal_local
+    from warmup.rehearsal.runner import SignatureResult
+    from warmup.spec import load_spec
+
+    spec_path = tmp_path / "job.yaml"
+    spec = {
+        "trainer": "sft",
+        "model": str(tiny_model_dir),
+        "target": {"backend": "inductor", "device": "cpu"},
+    }
+    spec["args"] = {"torch_compile": True, "max_length": 64, "pad_to_multiple_of": 32}
+    spec_path.write_text(yaml.safe_dump(spec))
+    signatures = plan_spec(load_spec(spec_path)).signatures
+    lost = "trace not kept for 1 of 1 call(s): torch cannot trace ..."
+    results = [
+        SignatureResult(key=s.key(), signature=s, status="ok", trace_lost=lost if i == 0 else "")
+        for i, s in enumerate(signatures)
+    ]
+    report = rehearsal_local.WarmReport(cache_dir=tmp_path / "cache", results=results)
+    monkeypatch.setattr(rehearsal_local, "warm_directory", lambda *a, **k: report)
+    assert main(["warm", str(spec_path), "--cache-dir", str(tmp_path / "cache")]) in (0, None)
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last == (
+        f"trace skip: lost for 1 of {len(signatures)} signature(s): {lost}; training traces those calls with "
+        "Dynamo, and the warmed caches serve them"
+    )

@@ -104,7 +104,8 @@ def _canonical_kernel_layout(module: ModuleType) -> None:
 
 def _skip_warmed_traces(module: ModuleType) -> None:
     """A warmed cache with trace artifacts (warmup/trace_skip.py): the first model torch.compile wraps gets
-    them, once the download beside the command is done; WARMUP_TRACE_SKIP=0 turns it off (hooked below)."""
+    them, once the download beside the command is done; under WARMUP_TRACE_SKIP=0 its backbone is split as
+    the warm-up split it, without them."""
     from warmup.trace_skip import enable_when_compiled
 
     enable_when_compiled(os.environ["TORCHINDUCTOR_CACHE_DIR"])
@@ -166,11 +167,8 @@ if os.environ.get("WARMUP_PULL_OUTCOME") and "torch._dynamo.callback" not in sys
     _hooked.add("torch._dynamo.callback")
 if os.environ.get("WARMUP_KERNEL_LAYOUT") == "1" and "torch._inductor.codecache" not in sys.modules:
     _hooked.add("torch._inductor.codecache")
-trace_skip = (
-    bool(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
-    and "WARMUP_SPEC" in os.environ
-    and os.environ.get("WARMUP_TRACE_SKIP") != "0"
-)
+# also under WARMUP_TRACE_SKIP=0: the backbone must be split as the warm-up split it (warmup/trace_skip.py)
+trace_skip = bool(os.environ.get("TORCHINDUCTOR_CACHE_DIR")) and "WARMUP_SPEC" in os.environ
 if trace_skip and "torch._dynamo.eval_frame" not in sys.modules:
     _hooked.add("torch._dynamo.eval_frame")
 # the strict callback, and the first step's time for the trace skip's exit line

@@ -18,6 +18,7 @@ from warmup.planner.estimate import estimate_seconds
 from warmup.planner.sft import plan_sft
 from warmup.signature import Plan
 from warmup.spec import SUPPORTED_NEURON_CORE_GROUPS, Spec
+from warmup.trace_skip import predicted_loss
 from warmup.trl_args import TrainerArgs, resolve_trainer_args
 
 # Dynamo's default recompile limit per code object (torch._dynamo.config.recompile_limit).
@@ -66,7 +67,18 @@ def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts |
     _recompile_limit_warning(builder)
     _unpadded_lengths_warning(builder)
     _nothing_compiles_warning(builder)
+    _trace_skip_warning(builder)
     return builder.build()
+
+
+def _trace_skip_warning(plan: PlanBuilder) -> None:
+    """A compiled job whose warm-up will keep no trace (warmup/trace_skip.py) says so before it is warmed."""
+    reason = predicted_loss(world_size=plan.world_size, peft=plan.spec.peft is not None)
+    if plan.args.compile_backend is not None and reason is not None:
+        plan.warn(
+            f"trace skip: {reason}; each training process traces the backbone with Dynamo at its start (the warmed "
+            "caches serve it, with no fresh compile)"
+        )
 
 
 def plan_spec(spec: Spec) -> Plan:

@@ -149,7 +149,7 @@ def run(job: RunJob, progress: Path | None = None) -> dict[str, Any]:
     backend.configure_process(job.cache_dir, job.plan_size)
     counter = backend.counter(job.cache_dir)
     # one process: each backbone call is also kept traced (warmup/trace_skip.py; on Neuron unverified)
-    recorder = start_recording() if _world_size() == 1 else None
+    recorder = start_recording(_world_size())
     use_weights_from_config()
     trainer, observed = build_trainer(job)
     steps = StepAccounts(job, trainer, observed, progress)
@@ -175,11 +175,12 @@ def run(job: RunJob, progress: Path | None = None) -> dict[str, Any]:
             },
         }
     fresh = counter.fresh()
-    trace = [] if recorder is None else recorder.capture(job.cache_dir, exact=job.spec.target.device == "cpu")
+    trace = recorder.capture(job.cache_dir, exact=job.spec.target.device == "cpu")
     return {
         "status": "ok",
         "units": units,
         "trace": [dataclasses.asdict(outcome) for outcome in trace],
+        "trace_lost": recorder.lost(),
         "compile_seconds": round(dynamo_compile_seconds(), 3),
         "run_seconds": round(time.perf_counter() - start, 3),
         "fresh_compiles": {**dict(fresh.counts), "new_files": len(fresh.new_files)},

@@ -64,6 +64,7 @@ from warmup.rehearsal.zygote import EVENT_PREFIX, run_paths
 from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.toolchain import Toolchain
+from warmup.trace_skip import loss_line
 
 Status = Literal["ok", "failed", "timed_out"]
 LOG_TAIL_CHARS = 4000
@@ -90,6 +91,10 @@ class SignatureResult(BaseModel):
     note: str = ""
     log_tail: str = ""
     permanent: bool = Field(False, description="Failed in a way another attempt repeats: not retried.")
+    trace_lost: str = Field(
+        "",
+        description="Why the trace skip keeps none or only some of the run's calls, in one line (warmup/trace_skip.py).",
+    )
 
     @property
     def size(self) -> int:
@@ -460,10 +465,8 @@ class _Session:
             note = "" if files else "the run compiled nothing: the entry is empty"
             if len(event["run_units"]) > 1:
                 note = f"warmed in one run with {len(shared) - 1} other signature(s): the entry is its files"
-            refused = [t for t in outcome.get("trace", []) if not t.get("stored")]
-            if refused:  # the entry still holds today's caches; say why its trace is not kept
-                reason = str(refused[0].get("reason", "")).splitlines()[0][:200]
-                note = "; ".join(filter(None, [note, f"trace not kept for {len(refused)} call(s): {reason}"]))
+            lost = loss_line(outcome.get("trace", []), outcome.get("trace_lost"))
+            note = "; ".join(filter(None, [note, lost]))
             self._record(
                 unit,
                 "ok",
@@ -473,6 +476,7 @@ class _Session:
                 compile_seconds=float(account["compile_seconds"]),
                 run_seconds=float(account["seconds"]),
                 note=note,
+                trace_lost=lost,
             )
 
     def _collect(self, cache_dir: Path) -> list[ArtifactFile]:

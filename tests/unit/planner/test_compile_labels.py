@@ -159,3 +159,22 @@ def test_a_torch_compile_job_that_compiles_nothing_says_so(tmp_path_factory, tin
     assert not any(
         "no module through the torch.compile wrapper" in w for w in distillation({}, INDUCTOR).warnings
     )  # warned otherwise
+
+
+def test_a_compiled_job_whose_warm_up_keeps_no_trace_is_warned_of(tiny_model_dir):
+    def warnings(target: dict, **extra: object) -> list[str]:
+        spec = {"trainer": "sft", "model": str(tiny_model_dir), "target": target, **extra}
+        spec["args"] = {
+            "torch_compile": True,
+            "max_length": 64,
+            "pad_to_multiple_of": 32,
+            **spec.get("args", {}),
+        }
+        return [w for w in plan_spec(load_spec(spec)).warnings if w.startswith("trace skip:")]
+
+    assert warnings(INDUCTOR) == []
+    (lora,) = warnings(INDUCTOR, peft={"lora_r": 8})
+    assert "no plain backbone to split (a PEFT model" in lora and "no fresh compile" in lora
+    (several,) = warnings({**INDUCTOR, "world_size": 4})
+    assert several.startswith("trace skip: a job of 4 processes")
+    assert warnings(INDUCTOR, peft={"lora_r": 8}, args={"torch_compile": False}) == []  # nothing traced
