@@ -17,10 +17,12 @@ import sys
 from tests.support.jobs import (
     GRPO_STATIC_CACHE_ARGS,
     GRPO_STATIC_CACHE_DATA,
+    known_trace_loss,
     no_fresh_compiles,
     only_empty_locks_appeared,
     run,
     run_job,
+    served_warm,
     write_spec,
 )
 from warmup.artifacts import list_paths
@@ -50,9 +52,16 @@ def test_sft_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, 
     assert no_fresh_compiles(report), report["fresh_compiles"]
     assert only_empty_locks_appeared(cache, before) == []
     assert {tuple(shape) for shape in report["shapes"]} == {(2, 32), (2, 64)}
-    # the trace is skipped too: every backbone call ran its warmed artifact, and Dynamo traced nothing
-    assert report["trace_skip"]["hits"] > 0 and report["trace_skip"]["misses"] == 0, report["trace_skip"]
-    assert report["counters"].get("frames", {}).get("total", 0) == 0, report["counters"]
+    if (loss := known_trace_loss()) is None:
+        # the trace is skipped too: every backbone call ran its warmed artifact, and Dynamo traced nothing
+        assert report["trace_skip"]["hits"] > 0 and report["trace_skip"]["misses"] == 0, report["trace_skip"]
+        assert report["counters"].get("frames", {}).get("total", 0) == 0, report["counters"]
+    else:
+        # a stack whose model torch cannot save: the warm-up said why in its last lines, and the caches served
+        # every graph Dynamo traced
+        assert "trace skip: lost for 2 of 2 signature(s): trace not kept for" in warm.stderr + warm.stdout
+        assert loss in warm.stderr + warm.stdout, warm.stderr[-3000:]
+        assert served_warm(report), (report["counters"], report["trace_skip"])
 
     again = run([sys.executable, "-m", "warmup", "warm", spec, "--cache-dir", cache])
     assert again.returncode == 0 and again.stdout.count("reused") == 2  # nothing to redo

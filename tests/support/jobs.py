@@ -114,6 +114,19 @@ def run_job(
     return json.loads(out.read_text())
 
 
+def known_trace_loss() -> str | None:
+    """Why the trace skip keeps no trace of the tiny Qwen3 model on this stack, where the reason is known and
+    said (warmup/trace_skip.py KNOWN_LOSSES), else None: with transformers' hub kernels installed (the `kernels`
+    package, a dependency from transformers 5.25 on), Qwen3 calls a function defined in a local scope, which
+    torch cannot save (docs/compatibility.md)."""
+    import importlib.util
+
+    from warmup.trace_skip import KNOWN_LOSSES
+
+    hub_kernels = dict(KNOWN_LOSSES)["defined in local scope"]
+    return hub_kernels if importlib.util.find_spec("kernels") is not None else None
+
+
 def served_warm(report: dict[str, Any]) -> bool:
     """The warmed cache served the run: the trace skip's artifacts served every backbone call (warmup/trace_skip.py),
     or, where it is off, Inductor's FX graph and AOTAutograd caches were hit (not a run that compiled nothing)."""
