@@ -127,6 +127,9 @@ def tier_of(path: Path) -> str:
     return folder
 
 
+# Before xdist's own hook, which reads each test's `xdist_group` to schedule it (registered after this conftest, it
+# would otherwise run first and see none: a module's shared fixture would be built in every worker at once).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(tier_of(item.path))
