@@ -127,9 +127,6 @@ def tier_of(path: Path) -> str:
     return folder
 
 
-# Before xdist's own hook, which reads each test's `xdist_group` to schedule it (registered after this conftest, it
-# would otherwise run first and see none: a module's shared fixture would be built in every worker at once).
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(tier_of(item.path))
@@ -142,7 +139,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _worker_group(item: pytest.Item) -> str:
     """Which tests share a worker under `-n N --dist loadgroup` (the README's test command): a test that uses
     a module- or class-scoped fixture runs in its module's worker, so the fixture is built once; any other
-    test (each end-to-end proof warms its own job) may run in any worker. Session fixtures are per worker."""
+    test (each end-to-end proof warms its own job) may run in any worker. Session fixtures are per worker.
+    Under pytest 9.2, xdist 3.8 does not honour the groups (it renames a test through an attribute pytest no
+    longer reads), so a module fixture is built in each worker that runs one of its tests: correct, slower; the
+    two-node cluster, which must be one at a time, runs on its own (Makefile `test`)."""
     info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the test's fixture definitions
     definitions = info.name2fixturedefs.values() if info is not None else ()
     shared = any(d.scope in ("module", "class", "package") for defs in definitions for d in defs)

@@ -253,7 +253,7 @@ def test_a_run_of_another_batch_size_never_breaks_the_shared_job(
             "train 4x32  unwarmable: the spec's trainer makes train batches of at most 2 rows"
             in shown_cli.stdout
         )
-        assert f"report(s) for job {job_id} (ready)" in shown_cli.stdout
+        assert f"report(s) for job {job_id[:8]} (ready)" in shown_cli.stdout
         page = httpx.get(f"{url}/").text
         assert "train 4x32" in page and "unwarmable" in page and "at most 2 rows, this one has 4" in page
 

@@ -73,7 +73,7 @@ def test_killing_the_requester_stops_the_rehearsal_and_its_compiles(sft_spec, ti
     job_file = str(work / "rehearsal-job.json")
     script = (
         "import sys\n"
-        "from warmup.rehearsal import rehearse\n"
+        "from warmup.rehearsal.runner import rehearse\n"
         "from warmup.spec import load_spec\n"
         "from tests.support.jobs import signature\n"
         f"spec = load_spec({str(tmp_path / 'sft.yaml')!r})\n"
