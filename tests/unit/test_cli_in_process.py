@@ -170,16 +170,16 @@ def test_the_commands_that_read_a_job_keep_transformers_advice_off_the_screen(
     """transformers reads its verbosity as it is first imported, so this process (transformers imported long
     ago) cannot show the effect: tests/integration/test_cli_output.py does, in a fresh process. Here: the
     variable is set for the command, the user's own choice is kept, and exec would leave it out."""
-    from warmup import cli
+    from warmup.cli import quiet
 
     monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
-    monkeypatch.setattr(cli, "_QUIETED", [])
+    monkeypatch.setattr(quiet, "_QUIETED", [])
     assert main(["plan", str(spec_file(tmp_path, model_dir))]) == 0
-    assert os.environ["TRANSFORMERS_VERBOSITY"] == "error" and cli.quieted() == ["TRANSFORMERS_VERBOSITY"]
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == "error" and quiet.quieted() == ["TRANSFORMERS_VERBOSITY"]
     monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")
-    monkeypatch.setattr(cli, "_QUIETED", [])
+    monkeypatch.setattr(quiet, "_QUIETED", [])
     assert main(["plan", str(spec_file(tmp_path, model_dir))]) == 0
-    assert os.environ["TRANSFORMERS_VERBOSITY"] == "info" and cli.quieted() == []
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == "info" and quiet.quieted() == []
 
 
 def trl_config(directory: Path, model: Path, **fields: object) -> Path:

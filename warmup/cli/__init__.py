@@ -13,30 +13,19 @@
 Each command imports what it needs when it runs, so `warmup pull` on a training pod starts fast and
 needs only the base install. Errors a user can cause print as one line and exit non-zero (2: invalid
 spec); they never print a traceback. What libraries log while a command reads a job (transformers' advice
-for a training run that is not happening here) is kept off the screen in one place: `quiet_libraries`.
+for a training run that is not happening here) is kept off the screen in one place: `quiet.quiet_libraries`.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import sys
 from collections.abc import Sequence
 
 from warmup import __version__
-from warmup.cli import advise, doctor, facts, local, pod, selftest, service, store, submit
+from warmup.cli import advise, doctor, facts, local, pod, quiet, selftest, service, store, submit
 from warmup.errors import SpecError, WarmupError
-
-# transformers' verbosity, read once as it is first imported. A command that reads a job builds TRL's and
-# transformers' config classes, which log advice meant for a training run ("the speedups for torchdynamo
-# mostly come with GPU Ampere ...") that is not happening in this process: only their errors are shown.
-# The services keep their libraries' warnings (their logs are read), and `warmup exec` gives the training
-# command the environment it was started with (pod.py).
-LIBRARY_VERBOSITY = "TRANSFORMERS_VERBOSITY"
-QUIET_COMMANDS = frozenset(
-    {"plan", "warm", "facts", "advise", "submit", "pull", "exec", "coverage", "selftest"}
-)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -85,23 +74,6 @@ def _reject_unknown(parser: argparse.ArgumentParser, command: str, unknown: list
     command_parser.error(message)
 
 
-def quiet_libraries() -> None:
-    """Only errors from transformers' logger in this process, unless the user chose a verbosity: the one place
-    library noise is filtered. `quieted()` tells `warmup exec` to leave it out of the training command's
-    environment."""
-    if LIBRARY_VERBOSITY not in os.environ:
-        os.environ[LIBRARY_VERBOSITY] = "error"
-        _QUIETED.append(LIBRARY_VERBOSITY)
-
-
-_QUIETED: list[str] = []
-
-
-def quieted() -> list[str]:
-    """The variables `quiet_libraries` set that the user had not: not for the training command's environment."""
-    return list(_QUIETED)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
@@ -109,8 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         _reject_unknown(parser, ns.command, unknown)
     ns.command_argv = argv[1:]  # the command's own arguments (a worker supervisor re-executes with them)
-    if ns.command in QUIET_COMMANDS:
-        quiet_libraries()
+    if ns.command in quiet.QUIET_COMMANDS:
+        quiet.quiet_libraries()
     try:
         return int(ns.func(ns))
     except WarmupError as error:

@@ -483,7 +483,7 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     except ServerUnreachableError as error:
         result, installed_spec = _installed_instead(ns, spec, error)
         env = child_environment(installed_spec, result, _server(ns))
-    from warmup.cli import quieted
+    from warmup.cli.quiet import quieted
 
     env = {**{k: v for k, v in os.environ.items() if k not in quieted()}, **env}
     if ns.strict:  # read by WarmupCallback, which warmup/_sitecustomize adds to every Trainer under --strict
