@@ -9,10 +9,11 @@ import glob
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.installs import build_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(600)
@@ -61,14 +62,7 @@ def interpreter(version: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    wheels = tmp_path_factory.mktemp("wheels")
-    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
-    done = subprocess.run(
-        [*command, "--wheel-dir", str(wheels), str(ROOT)], capture_output=True, text=True, timeout=240
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (built,) = wheels.glob("trl_warmup-*.whl")
-    return built
+    return build_wheel(tmp_path_factory.mktemp("wheel"), ROOT)
 
 
 @pytest.mark.parametrize("version", ["3.12", "3.13"])

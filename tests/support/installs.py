@@ -5,7 +5,8 @@ as RECORD lists them, without the `.pyc` files pip compiled and the console scri
 those again on install). `new_install(prefix, wheels)` makes a fresh virtual environment at `prefix` from
 this interpreter and installs those wheels into it with pip, offline (`--no-index`): the same bytes at
 another place, installed the way pip installs any wheel. `closure(["trl-warmup[trl]"])` names the
-distributions a requirement pulls in, as installed here.
+distributions a requirement pulls in, as installed here. `build_wheel(folder)` builds this checkout's wheel
+from a copy of its files, so that tests building it at once do not share setuptools' `build/` folder.
 
 Only the standard library, `packaging` and pip: the tests and benchmarks/relocation_factors.py use it.
 """
@@ -17,10 +18,11 @@ import csv
 import hashlib
 import io
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
 
@@ -160,3 +162,37 @@ def with_changed_file(wheel: Path, member: str, appended: bytes, folder: Path) -
         csv.writer(text, lineterminator="\n").writerows(rows)
         target.writestr(record_name, text.getvalue())
     return changed
+
+
+# What a build of the checkout does not need: environments, caches, and at its top, the outputs of earlier builds
+# and runs (`data/` there is a service's state; `warmup/data/` is the package's own).
+ANYWHERE = shutil.ignore_patterns(".git", ".venv*", "*.egg-info", "__pycache__", ".*_cache", "node_modules")
+AT_THE_TOP = {"build", "dist", "site", "data"}
+
+
+def _not_built_from(root: Path) -> Callable[[str, list[str]], set[str]]:
+    def ignored(folder: str, names: list[str]) -> set[str]:
+        return set(ANYWHERE(folder, names)) | (AT_THE_TOP & set(names) if Path(folder) == root else set())
+
+    return ignored
+
+
+def build_wheel(folder: Path, root: Path | None = None) -> Path:
+    """This checkout's wheel, built (no dependencies, no build isolation) in `folder` from a copy of the
+    checkout's files: setuptools writes `build/` into the tree it builds, and two builds of one tree at once
+    (two xdist workers) break each other's ("Directory not empty") or pack each other's half-written files."""
+    root = root or Path(__file__).resolve().parents[2]
+    source = folder / "source"
+    shutil.copytree(root, source, symlinks=True, ignore=_not_built_from(root))
+    wheels = folder / "wheels"
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+    done = subprocess.run(
+        [*pip_wheel, "--wheel-dir", str(wheels), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"pip wheel of {root} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    (built,) = wheels.glob("trl_warmup-*.whl")
+    return built

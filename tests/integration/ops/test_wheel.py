@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.installs import build_wheel
 from warmup.db.migrate import head_revision
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,7 +27,7 @@ print(json.dumps({"module": migrate.__file__, "revision": migrate.current_revisi
 
 
 def test_the_installed_wheel_migrates_a_database_with_its_own_migrations(tmp_path: Path) -> None:
-    wheels, installed = tmp_path / "wheels", tmp_path / "site"
+    installed = tmp_path / "site"
 
     def pip(*args: str) -> None:
         done = subprocess.run(
@@ -34,8 +35,7 @@ def test_the_installed_wheel_migrates_a_database_with_its_own_migrations(tmp_pat
         )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
-    pip("wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels), str(ROOT))
-    (wheel,) = wheels.glob("trl_warmup-*.whl")
+    wheel = build_wheel(tmp_path / "build", ROOT)
     pip("install", "--quiet", "--no-deps", "--target", str(installed), str(wheel))
     assert (installed / "warmup" / "db" / "migrations" / "versions").is_dir()
     assert not (installed / "warmup" / "db" / "migrations").is_symlink()  # the files, not the link
