@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from warmup.signature import Phase
+
 # How the dataset facts read a row and a prompt, after one of TRL's `_prepare_dataset` (warmup/facts.py `_Rows`):
 # SFT's text or prompt-completion rows, DPO / KTO's prompt and completions, Reward's chosen and rejected rows, or
 # the prompts an online trainer generates from.
@@ -19,40 +21,48 @@ class TrainerFamily:
     """What trl-warmup knows of one trainer kind (`spec.trainer`)."""
 
     kind: str
-    config_class: str  # TRL's config class, built by TRL itself (warmup/trl_args.py)
-    trainer_class: str  # TRL's trainer class, which the rehearsal runs
-    planner: str  # `module:function` taking a PlanBuilder (warmup/planner/<family>.py)
+    # TRL's config class, built by TRL itself (warmup/trl_args.py), and the trainer class the rehearsal runs.
+    config_class: str
+    trainer_class: str
+    # `module:function` taking a PlanBuilder (warmup/planner/<family>.py).
+    planner: str
     dataset_rows: DatasetRows
-    step_phases: tuple[
-        str, ...
-    ]  # phases one training step runs; forward-only passes ride along with the step
-    rehearsal_rows: str  # `module:function` building a unit's rows (warmup/rehearsal/drivers.py)
+    # The phases one training step runs; forward-only passes of the same shape ride along with the step.
+    step_phases: tuple[Phase, ...]
+    # `module:function` building a unit's rows (warmup/rehearsal/drivers.py).
+    rehearsal_rows: str
     # Graph-neutral config overrides that make the rehearsal's steps take their data in order (step k: unit k).
     rehearsal_overrides: Mapping[str, Any] = field(
         default_factory=lambda: {"train_sampling_strategy": "sequential"}
     )
-    paired: bool = False  # a batch stacks chosen over rejected: 2 rows per example
-    completion_columns: tuple[str, ...] = ("completion",)  # the completions a prompt is the prefix of
-    unpairs_preferences: bool = False  # chosen / rejected examples become one unpaired row each (KTO)
-    drops_long_prompts: bool = (
-        False  # a prompt of max_length or more drops its example, whatever the truncation
-    )
-    drops_long_pairs: bool = False  # a pair with a row over max_length is dropped, not truncated (Reward)
-    packs: bool = False  # the config's packing / padding_free concatenate rows (SFT)
-    plans_negative_max_length: bool = (
-        False  # TRL slices rows with a negative max_length, and the planner follows
-    )
-    kl_rows: bool = False  # a step also runs a batch of mismatched (KL) rows of its own width (KTO)
-    generates: bool = (
-        False  # each step generates: a prompt and a completion width, generation pinned per unit
-    )
+    # A batch stacks chosen over rejected: two rows per example (DPO, Reward).
+    paired: bool = False
+    # The completions a prompt is the common prefix of.
+    completion_columns: tuple[str, ...] = ("completion",)
+    # Chosen / rejected examples become one unpaired row each (KTO's unpair_preference_dataset).
+    unpairs_preferences: bool = False
+    # A prompt of max_length or more drops its example, whatever the truncation mode (KTO).
+    drops_long_prompts: bool = False
+    # A pair with a row over max_length is dropped, not truncated (Reward).
+    drops_long_pairs: bool = False
+    # The config's packing / padding_free concatenate rows (SFT).
+    packs: bool = False
+    # TRL slices rows with a negative max_length, and the planner follows it (SFT).
+    plans_negative_max_length: bool = False
+    # The loss fuses the LM head, whose gathered weight ZeRO-3 on CPU breaks in backward (SFT; planner/sharding.py).
+    fused_lm_head_loss: bool = False
+    # A step also runs a batch of mismatched (KL) rows of its own width (KTO).
+    kl_rows: bool = False
+    # Each step generates: a prompt and a completion width, generation pinned per unit.
+    generates: bool = False
     # Several completions per prompt, a round spread over every process and scored by reward functions (GRPO, RLOO).
     generation_groups: bool = False
-    old_logps_every_round: bool = (
-        False  # old log-probs are computed every generation round, whatever the accumulation
-    )
-    needs_teacher: bool = False  # the spec names a teacher model (distillation)
-    advised: bool = False  # `warmup advise` replays its batching (warmup/advise/)
+    # Old log-probs are computed every generation round, whatever the accumulation (RLOO).
+    old_logps_every_round: bool = False
+    # The spec names a teacher model (distillation).
+    needs_teacher: bool = False
+    # `warmup advise` replays its batching (warmup/advise/).
+    advised: bool = False
 
     def plan(self, builder: Any) -> None:
         """Add the family's signatures to a `warmup.planner.common.PlanBuilder`."""

@@ -12,5 +12,6 @@ FAMILY = TrainerFamily(
     rehearsal_rows="warmup.rehearsal.drivers:sft_step_rows",
     packs=True,
     plans_negative_max_length=True,
+    fused_lm_head_loss=True,
     advised=True,
 )
