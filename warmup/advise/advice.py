@@ -421,9 +421,8 @@ def _geometry(
     }
     if not family(spec.trainer).generation_groups:
         precompute = bool(getattr(args.config, "precompute_ref_log_probs", False))
-        references = (
-            "ref" in family(spec.trainer).step_phases
-        )  # a reference forward beside each training step
+        # DPO: the reference model's forward runs beside each training step, unless precomputed
+        references = "ref" in family(spec.trainer).step_phases
         return Geometry(
             **common,
             seed=args.data_seed if args.data_seed is not None else args.seed,
