@@ -58,10 +58,9 @@ class Rows:
         self.first = first  # the split's first example
 
     def __call__(self, batch: list[dict[str, Any]]) -> BatchRows:
+        """The rows of one batch of the split (never empty: the reader hands out none)."""
         from trl.data_utils import is_conversational
 
-        if not batch:
-            return BatchRows([], [], 0, 0)
         rows = self.recipe.family.dataset_rows
         if rows == "sft":
             return self._sft(batch)

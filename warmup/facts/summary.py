@@ -135,11 +135,9 @@ def summarize(
     return DataFacts.model_validate(facts)
 
 
-def _count(split: SplitFacts | None, recipe: Recipe) -> int:
+def _count(split: SplitFacts, recipe: Recipe) -> int:
     """Examples as the planner counts them: pairs for DPO / Reward, unpaired examples for KTO, kept examples
     (packed rows are counted apart: num_*_rows)."""
-    if split is None:
-        return 0
     return len(split.lengths) if recipe.family.unpairs_preferences else split.kept
 
 
