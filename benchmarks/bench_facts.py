@@ -125,10 +125,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = write_bpe_model(work / "model")
-        data = work / "chat.jsonl"
+        data = work / "data" / "chat.jsonl"  # in a folder of its own: `trl` takes a folder as dataset_name
+        data.parent.mkdir()
         write_data(data, ns.examples)
         config = work / "sft.yaml"
-        config.write_text(f"model_name_or_path: {model}\ndataset_name: {data}\nmax_length: 4096\n")
+        config.write_text(f"model_name_or_path: {model}\ndataset_name: {data.parent}\nmax_length: 4096\n")
         facts, peak = peak_rss_mb(
             [
                 sys.executable,

@@ -31,8 +31,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Plan": ("warmup.signature", "Plan"),
     "Signature": ("warmup.signature", "Signature"),
     "Toolchain": ("warmup.toolchain", "Toolchain"),
-    "dataset_facts": ("warmup.facts", "dataset_facts"),
-    "DatasetFacts": ("warmup.facts", "DatasetFacts"),
+    "dataset_facts": ("warmup.facts.reading", "dataset_facts"),
+    "DatasetFacts": ("warmup.facts.summary", "DatasetFacts"),
     # the errors a user catches (every one is a WarmupError)
     "WarmupError": ("warmup.errors", "WarmupError"),
     "SpecError": ("warmup.errors", "SpecError"),
@@ -64,8 +64,8 @@ if TYPE_CHECKING:  # what a type checker and an editor see (`X as X`: a re-expor
     from warmup.errors import UnwarmedCompileError as UnwarmedCompileError
     from warmup.errors import WarmupError as WarmupError
     from warmup.errors import WarmupFailedError as WarmupFailedError
-    from warmup.facts import DatasetFacts as DatasetFacts
-    from warmup.facts import dataset_facts as dataset_facts
+    from warmup.facts.reading import dataset_facts as dataset_facts
+    from warmup.facts.summary import DatasetFacts as DatasetFacts
     from warmup.planner.planning import plan_spec
     from warmup.signature import Plan as Plan
     from warmup.signature import Signature as Signature

@@ -795,14 +795,14 @@ def load_spec(
 ) -> Spec:
     """Load a spec from a YAML/JSON file, a YAML/JSON string, or a mapping (see `read_job`).
 
-    A spec that names a dataset (`dataset:`) needs its facts computed first: `warmup.facts.dataset_facts`, or
+    A spec that names a dataset (`dataset:`) needs its facts computed first: `warmup.dataset_facts`, or
     any `warmup` command, which does it.
     """
     job = read_job(source, trainer=trainer, target=target, side=side)
     if job.dataset not in (None, False):
         raise SpecError(
             f"the spec names a dataset ({job.dataset}) whose facts are not computed yet: run it through a `warmup` "
-            "command (or warmup.facts.dataset_facts) to fill `data`",
+            "command (or warmup.dataset_facts) to fill `data`",
             loc="dataset",
         )
     return job.spec

@@ -29,7 +29,7 @@ from warmup.errors import FieldProblem, SpecError
 from warmup.trainers.registry import family
 
 if TYPE_CHECKING:
-    from warmup.facts import DatasetFacts, SplitFacts
+    from warmup.facts.summary import DatasetFacts, SplitFacts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,7 +264,7 @@ def load_lengths(path: str | Path) -> DatasetLengths:
 
 
 def lengths_from_facts(trainer: str, facts: DatasetFacts) -> DatasetLengths:
-    """The lengths `warmup.facts.dataset_facts` read from the dataset with the model's tokenizer and the
+    """The lengths `warmup.facts.reading.dataset_facts` read from the dataset with the model's tokenizer and the
     trainer's preprocessing: rows in dataset order (DPO / Reward: chosen then rejected per pair), untruncated,
     and each kept example's prompt."""
 

@@ -118,7 +118,8 @@ def _spec_and_lengths(ns: argparse.Namespace) -> tuple[Spec, DatasetLengths | No
         return spec, load_lengths(ns.lengths)
     if job.dataset in (None, False) and not job.selection:
         return spec, None  # the spec's length histogram
-    from warmup.facts import dataset_facts, progress_bar
+    from warmup.facts.reading import dataset_facts
+    from warmup.facts.summary import progress_bar
 
     facts = dataset_facts(
         spec,

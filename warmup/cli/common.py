@@ -84,7 +84,8 @@ def load_job_from_args(ns: argparse.Namespace) -> Job:
     )
     if job.dataset in (None, False):
         return job
-    from warmup.facts import dataset_facts, progress_bar
+    from warmup.facts.reading import dataset_facts
+    from warmup.facts.summary import progress_bar
 
     found = dataset_facts(
         job.spec,

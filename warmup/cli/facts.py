@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_facts(ns: argparse.Namespace) -> int:
-    from warmup.facts import dataset_facts, progress_bar
+    from warmup.facts.reading import dataset_facts
+    from warmup.facts.summary import progress_bar
     from warmup.spec import read_job
 
     job = read_job(ns.spec, trainer=ns.trainer, side=ns.side)

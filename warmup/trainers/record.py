@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from warmup.signature import Phase
 
-# How the dataset facts read a row and a prompt, after one of TRL's `_prepare_dataset` (warmup/facts.py `_Rows`):
+# How the dataset facts read a row and a prompt, after one of TRL's `_prepare_dataset` (warmup/facts/rows.py `Rows`):
 # SFT's text or prompt-completion rows, DPO / KTO's prompt and completions, Reward's chosen and rejected rows, or
 # the prompts an online trainer generates from.
 DatasetRows = Literal["sft", "preference", "reward", "prompts"]

@@ -82,7 +82,7 @@ def collated(loaders: list, epochs: int = 1) -> list[tuple[int, int]]:
 def dataset_lengths(spec, examples: list[dict], tmp_path) -> DatasetLengths:
     """Per-example lengths as the facts API reads them from the dataset file: the model's tokenizer and the
     trainer's own preprocessing (and its drops under the job's max_length)."""
-    from warmup.facts import dataset_facts
+    from warmup.facts.reading import dataset_facts
 
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(example) + "\n" for example in examples))

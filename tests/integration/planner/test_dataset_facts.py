@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.shape_recorder import CPU_ARGS
 from tests.support.tiny_model import CORPUS, init_model, write_bpe_model
-from warmup.facts import dataset_facts
+from warmup.facts.reading import dataset_facts
 from warmup.spec import load_spec
 
 INDUCTOR_CPU = {"backend": "inductor", "device": "cpu"}

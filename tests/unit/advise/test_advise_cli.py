@@ -86,7 +86,7 @@ def test_dataset_is_read_with_the_facts_api(tiny_model_dir, tmp_path, capsys):
     from the lengths the facts API reads."""
     from tests.support.tiny_model import words
     from warmup.advise.advice import lengths_from_facts
-    from warmup.facts import dataset_facts
+    from warmup.facts.reading import dataset_facts
 
     rng = random.Random(2)
     rows = DISTRIBUTIONS["bimodal"](rng, 120, 3, 400)
