@@ -113,11 +113,12 @@ class Worker:
         engine: Engine | None = None,
         store: BlobStore | None = None,
         toolchain: Toolchain | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.options = options
         self.engine = engine or make_engine(options.database_url)
         self.store = store or open_store(options.store_url)
-        self.stop = threading.Event()  # set: claim nothing new
+        self.stop = stop or threading.Event()  # set: claim nothing new
         # A database restart or failover is waited out (with backoff, logged once per outage), not
         # fatal: every queue and repository call is retried while the database is unavailable.
         self.outage = Outage(self.stop, logger=log)

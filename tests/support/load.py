@@ -196,7 +196,7 @@ def warmup_server(
                     f"warmup serve exited with {process.returncode}:\n{log.read_text()[-3000:]}"
                 )
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{server.url}/healthz", timeout=2).status_code == 200:
+                if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:  # started, TRL imported
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"warmup serve did not answer in {SERVER_START_S:.0f} s")
