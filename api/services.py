@@ -35,7 +35,7 @@ from warmup.settings import Settings
 from warmup.signature import Plan, Signature
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
-from warmup.toolchain import Toolchain
+from warmup.toolchain.model import Toolchain
 from warmup.trl_args import warm_up_trl
 
 # A revoked token is refused, and a manifest naming a blob the store check found damaged is no longer

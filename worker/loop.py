@@ -41,7 +41,8 @@ from warmup.settings import Settings
 from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
-from warmup.toolchain import Toolchain, host_toolchain
+from warmup.toolchain.memo import host_toolchain
+from warmup.toolchain.model import Toolchain
 
 if TYPE_CHECKING:
     from warmup.rehearsal.runner import SignatureResult

@@ -32,7 +32,8 @@ from warmup.manifest import manifest_object_key
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
-from warmup.toolchain import Toolchain, current_toolchain
+from warmup.toolchain.model import Toolchain
+from warmup.toolchain.probes import current_toolchain
 
 PREFIX = "warmup"
 

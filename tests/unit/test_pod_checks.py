@@ -22,7 +22,8 @@ from warmup.manifest import Manifest
 from warmup.planner.planning import plan_spec
 from warmup.signature import Signature
 from warmup.spec import Spec, load_spec
-from warmup.toolchain import Toolchain, current_toolchain
+from warmup.toolchain.model import Toolchain
+from warmup.toolchain.probes import current_toolchain
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,7 @@ def test_a_cache_pulled_for_stale_remembered_facts_is_refused_naming_the_field(
     from warmup.client.pulling import pull
     from warmup.db.manifests import publish_manifest
     from warmup.store import LocalBlobStore
-    from warmup.toolchain import remember_in_image, resolve_toolchain
+    from warmup.toolchain.memo import remember_in_image, resolve_toolchain
 
     memo = tmp_path / "image-memo.json"
     monkeypatch.setenv("WARMUP_TOOLCHAIN_MEMO", str(memo))

@@ -296,7 +296,7 @@ class _IsaProbes:
     def settle(self, installed: bool, toolchain_source: str) -> None:
         """Once the install has ended: if it succeeded, copy the probes into DEST (those built here, or,
         when the toolchain was found exactly in the image's memo rather than computed, those the image
-        built when it was remembered: warmup.toolchain.image_isa_probes), so the training process's
+        built when it was remembered: warmup.toolchain.memo.image_isa_probes), so the training process's
         first compile finds them; then remove the staging directory."""
         if self.staging is None:
             return
@@ -312,7 +312,7 @@ class _IsaProbes:
     @staticmethod
     def _images_probes(toolchain_source: str) -> list[Path]:
         """The image's probe programs, when this pod's toolchain is the one the image remembered."""
-        from warmup.toolchain import image_isa_probes, image_memo_path
+        from warmup.toolchain.memo import image_isa_probes, image_memo_path
 
         memo = image_memo_path() if toolchain_source == "exact" else None
         return [image_isa_probes(memo)] if memo is not None and image_isa_probes(memo).is_dir() else []
@@ -455,7 +455,7 @@ def training_process_environment(
     if manifest.backend == "inductor" and manifest.device == "cpu" and world_size > 1:
         import torch
 
-        from warmup.toolchain import training_threads
+        from warmup.toolchain.probes import training_threads
 
         torch.set_num_threads(training_threads(world_size))
     return manifest.environment(str(dest))
@@ -504,7 +504,7 @@ def _warmed_in_place(ns: argparse.Namespace, spec: Any) -> Any:
     from warmup.activation import check_manifest_toolchain, read_manifest
     from warmup.errors import NotWarmedError
     from warmup.manifest import Manifest
-    from warmup.toolchain import Toolchain
+    from warmup.toolchain.model import Toolchain
 
     warmed = read_manifest(ns.dest) if ns.dest else None
     if warmed is None:
@@ -567,7 +567,7 @@ def _installed_instead(ns: argparse.Namespace, spec: Any, error: ServerUnreachab
     pulled for (the training process finds the cache by it)."""
     from warmup.client.installing import install
     from warmup.client.local import find_installed
-    from warmup.toolchain import remembered_toolchain
+    from warmup.toolchain.memo import remembered_toolchain
 
     found = find_installed(ns.dest, spec) if ns.dest else None
     target = spec.target
