@@ -115,7 +115,7 @@ def _keyed(document):
 
 def cache_files(directory: Path) -> set[str]:
     """The files in a cache dir, the pull's own bookkeeping left out (after a successful CLI pull, the
-    CPU ISA probes Inductor builds are there too: see warmup.cli.pod._IsaProbes)."""
+    CPU ISA probes Inductor builds are there too: see warmup.training_env.IsaProbes)."""
     if not directory.exists():
         return set()
     return {

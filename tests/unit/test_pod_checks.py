@@ -322,7 +322,7 @@ def test_exec_makes_inductors_key_tag_from_exact_toolchain_facts_and_computes_it
     process. From facts the pull holds exactly it is the tag this machine computes, without torch;
     from predicted facts it is computed, so a wrong prediction cannot select code built for another ISA."""
     from warmup.backends.inductor import InductorBackend
-    from warmup.cli.pod import training_process_environment
+    from warmup.training_env import training_process_environment
 
     computed_tag = InductorBackend("cpu").key_tag()
     dest = pulled_into(tmp_path / "cache", spec, exact, [])
