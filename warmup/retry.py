@@ -3,9 +3,10 @@ for at most a number of attempts and a time budget. The client's calls to the se
 wait out a service restart (`RESTART`); a dropped keep-alive connection and a broken S3 read are tried
 again at once (`at_once`).
 
-The budget is long enough for the service to restart (`warmup serve` computes its worker's toolchain
-before it listens again: docs/performance.md, "Riding out a restart"), so a pull or `submit --wait`
-lives through one; `WARMUP_RETRY_S` changes it (a CI job that would rather fail fast sets it low).
+The budget is long enough for the service to restart (it answers again within seconds, and is ready once
+it has imported TRL and computed its worker's toolchain: docs/performance.md, "Riding out a restart"), so a
+pull or `submit --wait` lives through one; `WARMUP_RETRY_S` changes it (a CI job that would rather fail fast
+sets it low).
 Pod-side: the standard library only.
 """
 
