@@ -156,11 +156,11 @@ class _Starting:
         self.services, self.settings, self.with_worker, self.server = services, settings, with_worker, server
         self.stop = threading.Event()  # the server stopped: the worker claims nothing new
         self.failed: BaseException | None = None
+        services.starting = "importing TRL and torch"  # before the server listens: never ready too soon
 
     def run(self) -> None:
         worker = None
         try:
-            self.services.starting = "importing TRL and torch"
             self.services.warm_up()
             if self.with_worker:
                 self.services.starting = "computing the worker's toolchain"
