@@ -247,3 +247,24 @@ def test_serve_answers_while_its_worker_still_computes_its_toolchain(tmp_path: P
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def test_serve_whose_worker_cannot_compute_its_toolchain_stops_and_says_why(tmp_path: Path) -> None:
+    """The worker's toolchain is computed once the service listens: when that fails, the service stops and
+    the command fails with the error, as it did when the toolchain came first."""
+    broken = (
+        "import sys\n"
+        "import warmup.worker.loop as loop\n"
+        "from warmup.errors import BackendUnavailableError\n"
+        "def no_toolchain(*args, **kwargs):\n"
+        "    raise BackendUnavailableError('no compiler here (the test says so)')\n"
+        "loop.host_toolchain = no_toolchain\n"
+        "from warmup.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    serve = ["serve", "--data-dir", str(tmp_path / "data"), "--port", str(free_port())]
+    done = subprocess.run(
+        [sys.executable, "-c", broken, *serve], cwd=ROOT, capture_output=True, text=True, timeout=150
+    )
+    assert done.returncode != 0
+    assert "error: no compiler here (the test says so)" in done.stderr
