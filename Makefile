@@ -34,9 +34,9 @@ typecheck: install
 test-unit: install
 	$(PYTHON) -m pytest tests/unit
 
-# The full suite, every tier. The two-node cluster's module runs on its own, after the rest: one cluster at a
-# time, its tests in order over one warm-up (under pytest 9.2, xdist 3.8's loadgroup no longer keeps a module's
-# tests in one worker: it renames a test through an attribute pytest stopped reading).
+# The full suite, every tier, a module's tests that share a fixture in one worker (tests/conftest.py). The
+# two-node cluster's module runs on its own, after the rest: its two SLURM nodes and torchrun launches get the
+# machine's cores to themselves.
 MULTI_NODE := tests/e2e/test_multi_node.py
 test: install install-test-deps
 	$(PYTHON) -m pytest -n auto --dist loadgroup --ignore=$(MULTI_NODE)

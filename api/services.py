@@ -36,6 +36,7 @@ from warmup.signature import Plan, Signature
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
 from warmup.toolchain.model import Toolchain
+from warmup.trainers.registry import family
 from warmup.trl_args import warm_up_trl
 
 # A revoked token is refused, and a manifest naming a blob the store check found damaged is no longer
@@ -283,7 +284,7 @@ class Services:
         recorded under its toolchain; None when the spec cannot be advised (no histogram, another trainer)."""
 
         def compute() -> tuple[Advice | None]:
-            if spec.trainer != "sft" or not spec.data.length_histogram:
+            if family(spec.trainer).dataset_rows != "sft" or not spec.data.length_histogram:
                 return (None,)
             costs = self.recorded_compile_costs(toolchain_key, spec.target.backend)
             step_seconds, measured_by = self.recorded_step_seconds(spec, toolchain_key)

@@ -37,6 +37,8 @@ from typing import Any
 
 from warmup.errors import DatasetError, SpecError
 from warmup.spec import DataFacts, Spec
+from warmup.trainers.record import TrainerFamily
+from warmup.trainers.registry import family
 from warmup.trl_args import truncation_slice
 
 # Rows per batch: large enough for the tokenizer's batch path, small enough to bound memory.
@@ -386,6 +388,10 @@ class _Recipe:
     seed: int
     dataset_num_proc: int | None
 
+    @property
+    def family(self) -> TrainerFamily:
+        return family(self.trainer)
+
     @classmethod
     def for_job(cls, spec: Spec, args: Any) -> _Recipe:
         def arg(name: str, default: Any = None) -> Any:
@@ -620,12 +626,12 @@ class _Rows:
             return _BatchRows([], [], 0, 0)
         if self.first is None:
             self.first = batch[0]
-        trainer = self.recipe.trainer
-        if trainer == "sft":
+        rows = self.recipe.family.dataset_rows
+        if rows == "sft":
             return self._sft(batch)
-        if trainer in ("dpo", "kto"):
+        if rows == "preference":
             return self._preference(batch, is_conversational)
-        if trainer == "reward":
+        if rows == "reward":
             return self._reward(batch, is_conversational)
         return self._prompts(batch, is_conversational)
 
@@ -769,8 +775,8 @@ class _Rows:
         if "prompt" not in first:
             batch = [{**e, **extract_prompt(e)} for e in batch]
             first = {**first, **extract_prompt(first)}
-        completions = ["chosen", "rejected"] if recipe.trainer == "dpo" else ["completion"]
-        if recipe.trainer == "kto" and "chosen" in first and "rejected" in first:
+        completions = list(recipe.family.completion_columns)
+        if recipe.family.unpairs_preferences and "chosen" in first and "rejected" in first:
             # unpair_preference_dataset, per batch: every chosen row, then every rejected row
             batch = [{**e, "completion": e["chosen"], "label": True} for e in batch] + [
                 {**e, "completion": e["rejected"], "label": False} for e in batch
@@ -792,7 +798,7 @@ class _Rows:
         prompts: list[int] = []
         dropped = 0
         drops_long_prompts = recipe.max_length is not None and (
-            recipe.trainer == "kto" or recipe.truncation_mode == "keep_start"
+            recipe.family.drops_long_prompts or recipe.truncation_mode == "keep_start"
         )
         for i in everyone:
             prompt_len = min(common_prefix_length(prompt_ids[i], full[key][i]) for key in completions)
@@ -905,7 +911,7 @@ def _read_split(
     total = _split_size(split)
     if sample is not None and total is not None:
         total = min(total, sample)
-    packing = recipe.trainer == "sft" and (
+    packing = recipe.family.packs and (
         recipe.packing if name == "train" or recipe.eval_packing is None else recipe.eval_packing
     )
     lengths = array.array("I")
@@ -1047,7 +1053,7 @@ def _summarize(
                 f"{split.dropped} of the {split.examples} examples of split {split.split!r} are dropped by the trainer's "
                 "own preparation (see max_length): the counts are of the examples it keeps"
             )
-    online = recipe.trainer in ("grpo", "rloo", "distillation")
+    online = recipe.family.generates
     facts: dict[str, Any] = {
         "num_train_examples": _count(train, recipe) or None,
         "num_eval_examples": _count(evaluation, recipe) if evaluation is not None else None,
@@ -1079,7 +1085,7 @@ def _count(split: SplitFacts | None, recipe: _Recipe) -> int:
     (packed rows are counted apart: num_*_rows)."""
     if split is None:
         return 0
-    return split.kept if recipe.trainer != "kto" else len(split.lengths)
+    return len(split.lengths) if recipe.family.unpairs_preferences else split.kept
 
 
 def length_histogram(lengths: Iterable[int]) -> tuple[dict[int, int], int]:

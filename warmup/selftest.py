@@ -39,6 +39,7 @@ from typing import Any
 
 from warmup.errors import SpecError, WarmupError
 from warmup.formatting import format_duration
+from warmup.trainers.registry import family
 
 VERDICT_PASS, VERDICT_FAIL, VERDICT_NOTHING = "pass", "FAIL", "nothing to compile"
 TRAIN_STEPS = 2
@@ -382,19 +383,16 @@ def _user_trainer(spec: Any, weights: Path, output_dir: Path, callback: Any) -> 
         data = [
             {"text": _words(rng, spec.data.min_tokens - 1, spec.data.max_tokens - 1)} for _ in range(rows)
         ]
-        cls = trl.SFTTrainer
     elif spec.trainer == "dpo":
         data = [_preference(rng, spec.data.min_tokens, spec.data.max_tokens) for _ in range(rows)]
-        cls = trl.DPOTrainer
     elif spec.trainer == "grpo":
         prompts = config.generation_batch_size // config.num_generations * TRAIN_STEPS
         low, high = spec.data.min_prompt_tokens, spec.data.max_prompt_tokens
         data = [{"prompt": _words(rng, low, high)} for _ in range(prompts)]
         extra["reward_funcs"] = _length_reward
-        cls = trl.GRPOTrainer
     else:
         raise WarmupError(f"the selftest has no job for trainer {spec.trainer!r}")
-    return cls(
+    return getattr(trl, family(spec.trainer).trainer_class)(
         model=str(weights),
         args=config,
         train_dataset=Dataset.from_list(data),

@@ -41,6 +41,7 @@ from pydantic import (
 )
 
 from warmup.errors import FieldProblem, SpecError, UnknownTrainerError
+from warmup.trainers.registry import FAMILIES, family
 
 TrainerKind = Literal["sft", "dpo", "kto", "reward", "grpo", "rloo", "distillation"]
 TRAINER_KINDS: tuple[str, ...] = get_args(TrainerKind)
@@ -232,11 +233,13 @@ class Spec(_StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _teacher_only_for_distillation(self) -> Spec:
-        if self.trainer == "distillation" and not self.teacher_model:
-            raise ValueError("the distillation trainer needs teacher_model (a hub id or local directory)")
-        if self.trainer != "distillation" and self.teacher_model:
-            raise ValueError(f"teacher_model is only used by the distillation trainer, not {self.trainer!r}")
+    def _teacher_only_where_needed(self) -> Spec:
+        needs_teacher = family(self.trainer).needs_teacher
+        if needs_teacher and not self.teacher_model:
+            raise ValueError(f"the {self.trainer} trainer needs teacher_model (a hub id or local directory)")
+        if not needs_teacher and self.teacher_model:
+            taught = " or ".join(kind for kind, record in FAMILIES.items() if record.needs_teacher)
+            raise ValueError(f"teacher_model is only used by the {taught} trainer, not {self.trainer!r}")
         return self
 
     def canonical_json(self) -> str:

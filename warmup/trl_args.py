@@ -29,17 +29,8 @@ from warmup._compat import accelerate as compat_accelerate
 from warmup.errors import FieldProblem, MissingDependencyError, SpecError
 from warmup.peft_args import peft_problems
 from warmup.spec import Spec
+from warmup.trainers.registry import FAMILIES, family
 from warmup.trl_launch import Launch, with_trainer_fsdp
-
-CONFIG_CLASS_NAMES = {
-    "sft": "SFTConfig",
-    "dpo": "DPOConfig",
-    "kto": "KTOConfig",
-    "reward": "RewardConfig",
-    "grpo": "GRPOConfig",
-    "rloo": "RLOOConfig",
-    "distillation": "DistillationConfig",
-}
 
 # Integer fields that size tensors: zero or negative values are impossible (TRL does not check all).
 POSITIVE_INT_FIELDS = (
@@ -84,7 +75,7 @@ def warm_up_trl() -> None:
     instead of making its first ones wait, and its request threads then never import concurrently."""
     with _config_classes_lock, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for trainer in CONFIG_CLASS_NAMES:
+        for trainer in FAMILIES:
             _resolve_config_class(trainer)(
                 output_dir="warmup-plan", use_cpu=True, bf16=False, report_to="none"
             )
@@ -99,7 +90,7 @@ def _resolve_config_class(trainer: str) -> type:
             raise MissingDependencyError(
                 "planning needs TRL: pip install 'trl-warmup[trl]' (torch, transformers, trl)"
             ) from None
-        _config_classes[trainer] = getattr(trl, CONFIG_CLASS_NAMES[trainer])
+        _config_classes[trainer] = getattr(trl, family(trainer).config_class)
     return _config_classes[trainer]
 
 
@@ -368,7 +359,7 @@ def _impossible_values(given: dict[str, Any], trainer: str) -> list[FieldProblem
         value = given.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value >= 1:
             continue
-        if name == "max_length" and value < 0 and trainer == "sft":
+        if name == "max_length" and value < 0 and family(trainer).plans_negative_max_length:
             continue  # TRL slices with it: planned as it runs, with a warning (negative_max_length_note)
         problem = f"must be at least 1, got {value}"
         if name == "max_length" and value < 0:

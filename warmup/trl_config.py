@@ -31,6 +31,7 @@ from typing import Any
 
 from warmup.errors import FieldProblem, MissingDependencyError
 from warmup.spec import Spec, trl_refuses
+from warmup.trainers.registry import family
 from warmup.trl_launch import Launch as Launch  # re-exported: the interface's first home
 from warmup.trl_launch import LaunchProblem, placed_files, read_launch
 
@@ -310,17 +311,6 @@ def _current_fields(trainer: str) -> dict[str, str]:
     return {name: owner.__name__ for name, (_, owner) in actions.items()}
 
 
-SCOPES_OF = {
-    "sft": "SFTConfig",
-    "dpo": "DPOConfig",
-    "kto": "KTOConfig",
-    "reward": "RewardConfig",
-    "grpo": "GRPOConfig",
-    "rloo": "RLOOConfig",
-    "distillation": "DistillationConfig",
-}
-
-
 def refusal(name: str, trainer: str, *, detailed: bool = True) -> str:
     """`trl <trainer>` refuses an unknown key: say so in TRL's terms, then the fix."""
     told = trl_refuses(name, trainer)
@@ -331,7 +321,7 @@ def refusal(name: str, trainer: str, *, detailed: bool = True) -> str:
 
 def fix_for(name: str, trainer: str) -> str:
     current = _current_fields(trainer)
-    if name == "max_prompt_length" and trainer in ("grpo", "rloo", "distillation"):
+    if name == "max_prompt_length" and family(trainer).generates:
         return f"removed from TRL ({_said(name, trainer)}); {PROMPT_FACT}"
     entries = _hints().get(name, [])
     entry = _best_entry(entries, trainer)
@@ -387,7 +377,7 @@ def _best_entry(entries: list[dict[str, Any]], trainer: str) -> dict[str, Any] |
     """The entry of the trainer's own config first, then shared ones (TrainingArguments, ModelConfig), then any."""
     if not entries:
         return None
-    order = [SCOPES_OF[trainer], "TrainingArguments", "ModelConfig", "ScriptArguments"]
+    order = [family(trainer).config_class, "TrainingArguments", "ModelConfig", "ScriptArguments"]
 
     def rank(entry: dict[str, Any]) -> tuple[int, int]:
         scope = order.index(entry["scope"]) if entry["scope"] in order else len(order)

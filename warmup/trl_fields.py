@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-TRAINERS = ("sft", "dpo", "kto", "reward", "grpo", "rloo", "distillation")
+from warmup.trainers.registry import FAMILIES
+
 # The packages whose versions the lists depend on: TRL's scripts, accelerate's launch parser, transformers'
 # TrainingArguments.
 PACKAGES = ("trl", "accelerate", "transformers")
@@ -45,7 +46,7 @@ def build() -> dict[str, Any]:
     from trl.trainer.model_config import ModelConfig
 
     scripts = {}
-    for trainer in TRAINERS:
+    for trainer in FAMILIES:
         module = importlib.import_module(f"trl.scripts.{trainer}")
         own = [
             value
@@ -89,7 +90,7 @@ def build() -> dict[str, Any]:
             if option.startswith("--") and option != "--help"
         ),
         "accelerate_presets": dict(sorted(presets.items())),
-        "experimental_trainers": [name for name in experimental if name not in TRAINERS],
+        "experimental_trainers": [name for name in experimental if name not in FAMILIES],
     }
 
 

@@ -122,13 +122,14 @@ def test_the_embedded_sqlite_default_under_moderate_load(tiny_model_dir, tmp_pat
 COLD_CONFIG_CLASSES = """
 import sys, threading
 sys.setswitchinterval(1e-4)  # switch threads often: the import race shows on every run, not one in three
-from warmup.trl_args import CONFIG_CLASS_NAMES, config_class
-kinds = list(CONFIG_CLASS_NAMES) * 8
+from warmup.trainers.registry import FAMILIES
+from warmup.trl_args import config_class
+kinds = list(FAMILIES) * 8
 start, errors = threading.Barrier(len(kinds)), []
 def resolve(kind):
     start.wait()
     try:
-        assert config_class(kind).__name__ == CONFIG_CLASS_NAMES[kind]
+        assert config_class(kind).__name__ == FAMILIES[kind].config_class
     except Exception as error:
         errors.append(f"{kind}: {type(error).__name__}: {error}")
 threads = [threading.Thread(target=resolve, args=(kind,)) for kind in kinds]

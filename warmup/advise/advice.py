@@ -29,10 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from warmup.advise.cost import StepCosts
 from warmup.advise.data import (
-    ADVISED_TRAINERS,
     HISTOGRAM_SOURCE,
     MAX_TOKENS,
-    ONLINE_TRAINERS,
     DatasetLengths,
     PreparedSplit,
     SplitLengths,
@@ -49,6 +47,7 @@ from warmup.planner.estimate import CompileCosts
 from warmup.planner.planning import plan_spec
 from warmup.signature import Plan, Signature
 from warmup.spec import Spec
+from warmup.trainers.registry import FAMILIES, family
 from warmup.trl_args import TrainerArgs, resolve_trainer_args
 
 # Candidate multiples; the list stops at the first that holds the longest row after truncation (one length).
@@ -140,9 +139,10 @@ def advise(
     `compile_costs`: compile seconds per signature, or a function that builds them from every planned
     signature (the service looks up what it recorded for them); default: the seed figures.
     """
-    if spec.trainer not in ADVISED_TRAINERS:
+    if not family(spec.trainer).advised:
+        advised = sorted(kind for kind, record in FAMILIES.items() if record.advised)
         raise SpecError(
-            f"warmup advise covers {', '.join(sorted(ADVISED_TRAINERS))}, not {spec.trainer}",
+            f"warmup advise covers {', '.join(advised)}, not {spec.trainer}",
             loc="trainer",
         )
     if not 0.0 <= max_truncated < 1.0:
@@ -154,7 +154,7 @@ def advise(
     if lengths is None:
         lengths = lengths_from_histogram(spec.trainer, spec.data.length_histogram)
     current = _Setting(args.pad_to_multiple_of, _max_length(spec, args), None)
-    online = spec.trainer in ONLINE_TRAINERS
+    online = family(spec.trainer).generation_groups
     key = _truncation_key(spec, args, lengths.train)
     settings = _candidates(current, key, multiples, max_truncated, online=online)
     assumptions: list[str] = []
@@ -249,18 +249,18 @@ class _Setting(NamedTuple):
 
 
 def _max_length(spec: Spec, args: TrainerArgs) -> int | None:
-    return None if spec.trainer in ONLINE_TRAINERS else args.max_length
+    return None if family(spec.trainer).generation_groups else args.max_length
 
 
 def _check_padded_batches(spec: Spec, args: TrainerArgs) -> None:
-    if spec.trainer == "sft" and (args.packing or args.padding_free):
+    if family(spec.trainer).packs and (args.packing or args.padding_free):
         raise SpecError(
             "warmup advise compares padded batches; with packing or padding_free the rows are filled to "
             "max_length or concatenated, so pad_to_multiple_of has no padding to trade: set packing: false",
             loc="args.packing" if args.packing else "args.padding_free",
         )
     strategy = getattr(args.config, "train_sampling_strategy", "random")
-    if spec.trainer not in ONLINE_TRAINERS and strategy not in ("random", "sequential"):
+    if not family(spec.trainer).generation_groups and strategy not in ("random", "sequential"):
         raise SpecError(
             f"warmup advise replays the random and sequential samplers, not {strategy!r}",
             loc="args.train_sampling_strategy",
@@ -284,11 +284,11 @@ def _check_bounds(spec: Spec, args: TrainerArgs, multiples: Sequence[int | None]
             loc = "args.pad_to_multiple_of" if multiple == args.pad_to_multiple_of else "multiples"
             raise SpecError(f"a padding multiple must be in 1..{MAX_TOKENS}, not {multiple}", loc=loc)
     rows = args.per_device_train_batch_size * spec.target.world_size
-    if spec.trainer in ONLINE_TRAINERS:
+    if family(spec.trainer).generation_groups:
         rows *= args.steps_per_generation
     if rows > MAX_ROWS_PER_STEP:
         raise SpecError(
-            f"per_device_train_batch_size x world_size{' x steps_per_generation' if spec.trainer in ONLINE_TRAINERS else ''}"
+            f"per_device_train_batch_size x world_size{' x steps_per_generation' if family(spec.trainer).generation_groups else ''}"
             f" is {rows} rows a step, more than warmup advise replays ({MAX_ROWS_PER_STEP})",
             loc="args.per_device_train_batch_size",
         )
@@ -296,10 +296,10 @@ def _check_bounds(spec: Spec, args: TrainerArgs, multiples: Sequence[int | None]
 
 def _truncation_key(spec: Spec, args: TrainerArgs, split: SplitLengths) -> np.ndarray:
     """Per example, the length a max_length (or prompt filter) must reach to leave it whole."""
-    if spec.trainer in ONLINE_TRAINERS:
+    if family(spec.trainer).generation_groups:
         return split.prompt
     if split.rejected is None:
-        if spec.trainer != "sft":
+        if family(spec.trainer).paired:
             raise SpecError(
                 f"the {spec.trainer} trainer needs preference data: give each example's rejected length",
                 loc="dataset",
@@ -387,7 +387,7 @@ def option_spec_for(spec: Spec, setting: _Setting, facts: dict[str, Any]) -> Spe
 
 def option_args(spec: Spec, setting: _Setting) -> dict[str, Any]:
     fields: dict[str, Any] = {"pad_to_multiple_of": setting.multiple}
-    if spec.trainer not in ONLINE_TRAINERS:
+    if not family(spec.trainer).generation_groups:
         fields["max_length"] = setting.max_length
     return fields
 
@@ -419,15 +419,17 @@ def _geometry(
         "drop_last": bool(args.dataloader_drop_last),
         "even_batches": bool(getattr(accelerator, "even_batches", True)),
     }
-    if spec.trainer not in ONLINE_TRAINERS:
+    if not family(spec.trainer).generation_groups:
         precompute = bool(getattr(args.config, "precompute_ref_log_probs", False))
+        # DPO: the reference model's forward runs beside each training step, unless precomputed
+        references = "ref" in family(spec.trainer).step_phases
         return Geometry(
             **common,
             seed=args.data_seed if args.data_seed is not None else args.seed,
             sequential=args.train_sampling_strategy == "sequential",
-            reference_every_step=spec.trainer == "dpo" and not precompute,
+            reference_every_step=references and not precompute,
             precompute_batch=(args.precompute_ref_batch_size or args.per_device_train_batch_size)
-            if spec.trainer == "dpo" and precompute
+            if references and precompute
             else None,
         )
     generation = dict(getattr(args.config, "generation_kwargs", None) or {})
@@ -441,13 +443,13 @@ def _geometry(
             else ""
         )
     )
-    if spec.trainer == "grpo":
+    if family(spec.trainer).old_logps_every_round:
+        old = True
+    else:
         generate_every = args.steps_per_generation * args.num_iterations
         old = args.gradient_accumulation_steps % generate_every != 0 or bool(
             args.use_vllm and args.vllm_importance_sampling_correction
         )
-    else:
-        old = True  # RLOO computes the old log-probs every round
     return Geometry(
         **common,
         seed=args.seed,  # RepeatSampler takes seed, not data_seed
@@ -497,7 +499,7 @@ def _standing_assumptions(spec: Spec, lengths: DatasetLengths) -> list[str]:
         "step time is proportional to the padded tokens of the slowest process (forward-only passes at a third); "
         "evaluation is not in the projection (its signatures are in the compile time)",
     ]
-    if spec.trainer in ONLINE_TRAINERS:
+    if family(spec.trainer).generation_groups:
         notes.append(
             "generation's decode steps are not in the projection (the same for every option); the prefill is"
         )

@@ -26,13 +26,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from warmup.errors import FieldProblem, SpecError
+from warmup.trainers.registry import family
 
 if TYPE_CHECKING:
     from warmup.facts import DatasetFacts, SplitFacts
-
-PREFERENCE_TRAINERS = frozenset({"dpo", "reward"})
-ONLINE_TRAINERS = frozenset({"grpo", "rloo"})
-ADVISED_TRAINERS = frozenset({"sft", *PREFERENCE_TRAINERS, *ONLINE_TRAINERS})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +119,7 @@ def prepare(
     """Apply TRL's truncation and filtering for `trainer` at this max_length (see the module docstring)."""
     prompt = split.prompt
     keep: np.ndarray
-    if trainer in ONLINE_TRAINERS:
+    if family(trainer).generation_groups:
         keep = np.ones(len(prompt), bool) if max_prompt_length is None else prompt <= max_prompt_length
         kept = prompt[keep]
         return PreparedSplit(
@@ -132,7 +129,7 @@ def prepare(
             truncated=0,
             dropped=int((~keep).sum()),
         )
-    if trainer in PREFERENCE_TRAINERS:
+    if family(trainer).paired:
         if split.rejected is None:
             raise SpecError(
                 f"the {trainer} trainer needs preference data: give each example's rejected length",
@@ -143,9 +140,9 @@ def prepare(
         full = (prompt + split.completion)[:, None]
     if max_length is None:
         keep = np.ones(len(prompt), bool)
-    elif trainer == "reward":
+    elif family(trainer).drops_long_pairs:
         keep = np.asarray((full <= max_length).all(axis=1))  # RewardTrainer filters over-long pairs out
-    elif trainer == "dpo":
+    elif family(trainer).paired:
         keep = prompt < max_length if keep_start else np.ones(len(prompt), bool)
     else:  # sft: dropped when truncation leaves every label at -100
         keep = prompt < max_length if (completion_only_loss and keep_start) else np.ones(len(prompt), bool)
@@ -172,7 +169,7 @@ def data_facts(trainer: str, train: PreparedSplit, eval_split: PreparedSplit | N
     if not train.examples:
         raise SpecError("no training example is left under this setting", loc="dataset")
     prompts = np.concatenate([s.prompts for s in splits])
-    if trainer in ONLINE_TRAINERS:
+    if family(trainer).generation_groups:
         facts["max_prompt_tokens"] = int(prompts.max())
         facts["min_prompt_tokens"] = int(max(prompts.min(), 1))
         return facts
@@ -281,11 +278,11 @@ def lengths_from_facts(trainer: str, facts: DatasetFacts) -> DatasetLengths:
         rows = np.asarray(facts_split.lengths, dtype=np.int64)
         prompt = facts_split.prompt_lengths
         prompts = np.asarray(prompt, dtype=np.int64) if prompt is not None else None
-        if trainer in ONLINE_TRAINERS:
+        if family(trainer).generation_groups:
             return SplitLengths.of(prompt=prompts if prompts is not None else np.zeros(0, np.int64))
         if prompts is None:
-            prompts = np.zeros(len(rows) // (2 if trainer in PREFERENCE_TRAINERS else 1), np.int64)
-        if trainer in PREFERENCE_TRAINERS:
+            prompts = np.zeros(len(rows) // family(trainer).rows_per_example, np.int64)
+        if family(trainer).paired:
             chosen, rejected = rows[0::2], rows[1::2]
             return SplitLengths(prompt=prompts, completion=chosen - prompts, rejected=rejected - prompts)
         return SplitLengths(prompt=prompts, completion=rows - prompts)
@@ -301,7 +298,7 @@ def lengths_from_facts(trainer: str, facts: DatasetFacts) -> DatasetLengths:
 def lengths_from_histogram(trainer: str, histogram: dict[int, int] | None) -> DatasetLengths:
     """Lengths from a spec's `data.length_histogram`: SFT rows only, and the dataset order is unknown (the
     examples are taken shortest first, then shuffled by the sampler like any dataset)."""
-    if trainer != "sft" or not histogram:
+    if family(trainer).dataset_rows != "sft" or not histogram:
         raise SpecError(
             "give the dataset's per-example lengths (--lengths); without them only an SFT spec with "
             "data.length_histogram can be advised",

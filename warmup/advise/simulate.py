@@ -27,7 +27,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from warmup.advise.data import ONLINE_TRAINERS, PreparedSplit
+from warmup.advise.data import PreparedSplit
+from warmup.trainers.registry import family
 
 # Epochs replayed in their own order; the job's later epochs count as their mean.
 REPLAYED_EPOCHS = 4
@@ -76,7 +77,7 @@ def ceil_to(values: np.ndarray, multiple: int | None) -> np.ndarray:
 
 def epochs(split: PreparedSplit, geometry: Geometry) -> Iterator[EpochWork]:
     """Every epoch's work, epoch 0 first, without end."""
-    if geometry.trainer in ONLINE_TRAINERS:
+    if family(geometry.trainer).generation_groups:
         yield from _online_epochs(split, geometry)
     else:
         yield from _offline_epochs(split, geometry)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from warmup.cli.common import add_spec_arguments, target_overrides
 from warmup.errors import SpecError
 from warmup.formatting import format_duration, format_table
+from warmup.trainers.registry import family
 
 if TYPE_CHECKING:
     from warmup.advise.advice import Advice, AdviceOption, DatasetLengths
@@ -142,7 +143,7 @@ def option_label(option: AdviceOption) -> str:
 def format_advice(advice: Advice) -> str:
     """The table, the bars and the recommendation, as plain text."""
     options = sorted(advice.options, key=lambda o: o.projected_seconds)
-    online = advice.trainer in ("grpo", "rloo")
+    online = family(advice.trainer).generation_groups
     rows = []
     for option in options:
         marks = [

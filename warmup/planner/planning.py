@@ -1,7 +1,8 @@
 """Spec -> plan: the exact set of signatures a TRL job will hit, plus warnings for what cannot be listed.
 
-One module per trainer family, each following the TRL 1.16 rules in docs/trl-shapes.md:
-sft (SFT), preference (DPO, KTO, Reward), online (GRPO, RLOO), distillation.
+One module per group of trainer families, each following the TRL 1.16 rules in docs/trl-shapes.md:
+sft (SFT), preference (DPO, KTO, Reward), online (GRPO, RLOO), distillation; each family's record
+(warmup/trainers/) names its planner.
 
 `plan()` is pure Python once the model config is read and the args are resolved; `plan_spec()`
 does both and is what callers normally use.
@@ -9,16 +10,14 @@ does both and is what callers normally use.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from warmup.errors import EmptyPlanError, FieldProblem, ModelConfigError, SpecError
 from warmup.model_facts import ModelFacts, read_model_facts
 from warmup.planner.common import MAX_SIGNATURES, PlanBuilder
 from warmup.planner.estimate import estimate_seconds
-from warmup.planner.sft import plan_sft
 from warmup.signature import Plan
 from warmup.spec import SUPPORTED_NEURON_CORE_GROUPS, Spec
 from warmup.trace_skip import predicted_loss
+from warmup.trainers.registry import family
 from warmup.trl_args import TrainerArgs, resolve_trainer_args
 
 # Dynamo's default recompile limit per code object (torch._dynamo.config.recompile_limit).
@@ -26,33 +25,15 @@ DYNAMO_DEFAULT_RECOMPILE_LIMIT = 8
 # Compiled sequence lengths an unpadded plan may have before it is told to pad.
 UNPADDED_LENGTHS_WARNED = 8
 
-PLANNERS: dict[str, Callable[[PlanBuilder], None]] = {"sft": plan_sft}
-
-
-def _register_families() -> None:
-    # Imported here so that a family module may import from this package's common helpers.
-    from warmup.planner import distillation, online, preference
-
-    PLANNERS.update(
-        dpo=preference.plan_dpo,
-        kto=preference.plan_kto,
-        reward=preference.plan_reward,
-        grpo=online.plan_grpo,
-        rloo=online.plan_rloo,
-        distillation=distillation.plan_distillation,
-    )
-
 
 def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts | None = None) -> Plan:
     """Plan a spec whose args are resolved and whose model config is read."""
-    if len(PLANNERS) == 1:
-        _register_families()
     builder = PlanBuilder(spec=spec, args=args, model=model, teacher=teacher)
     _target_warnings(builder)
     _world_size_notes(builder)
     _check_model_length(builder)
     _config_warnings(builder)
-    PLANNERS[spec.trainer](builder)
+    family(spec.trainer).plan(builder)
     if not builder.signatures:
         raise EmptyPlanError(
             builder.missing

@@ -28,6 +28,7 @@ from typing import Any
 
 from warmup.errors import UnsupportedLaunchError
 from warmup.spec import Spec
+from warmup.trainers.registry import family
 from warmup.trl_config import Launch
 
 SHARDED = ("FSDP", "DEEPSPEED")
@@ -151,7 +152,7 @@ def notes(spec: Spec, launch: Launch, processes: int, config: Any) -> tuple[list
         )
     if (
         spec.target.device == "cpu"
-        and spec.trainer == "sft"
+        and family(spec.trainer).fused_lm_head_loss
         and launch.zero_stage == 3
         and not getattr(config, "label_smoothing_factor", 0)
     ):

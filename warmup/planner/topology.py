@@ -28,9 +28,8 @@ from typing import Any
 
 from warmup.planner import sharding
 from warmup.spec import Spec
+from warmup.trainers.registry import family
 from warmup.trl_config import Launch
-
-ONLINE_TRAINERS = ("grpo", "rloo")
 
 
 def rehearsal_processes(spec: Spec, config: Any, launch: Launch) -> int:
@@ -38,7 +37,7 @@ def rehearsal_processes(spec: Spec, config: Any, launch: Launch) -> int:
     what its launcher runs."""
     world = spec.target.world_size
     fewest = 1 if world == 1 else 2
-    if spec.trainer in ONLINE_TRAINERS and world > 1:
+    if family(spec.trainer).generation_groups and world > 1:
         fewest = next(size for size in range(2, world + 1) if _whole_groups(config, size))
     return max(fewest, sharding.rehearsal_processes(spec, launch) or 0)
 
@@ -65,7 +64,7 @@ def rank_args(spec: Spec, config: Any, processes: int) -> dict[str, Any]:
     processes the same per-rank rows are `steps_per_generation`, resolved for the job's world size.
     """
     args = dict(spec.args)
-    if spec.trainer in ONLINE_TRAINERS and processes != spec.target.world_size:
+    if family(spec.trainer).generation_groups and processes != spec.target.world_size:
         args.pop("generation_batch_size", None)
         args["steps_per_generation"] = config.steps_per_generation
     return args

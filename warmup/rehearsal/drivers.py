@@ -29,7 +29,6 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,20 +53,11 @@ from warmup.rehearsal.data import (
 from warmup.rehearsal.units import RehearsalUnit
 from warmup.spec import Spec
 from warmup.trace_skip import start_recording
+from warmup.trainers.record import TrainerFamily
+from warmup.trainers.registry import family
 from warmup.trl_args import config_class
 from warmup.trl_config import read_trl_args
 
-TRAINER_CLASSES = {
-    "sft": "SFTTrainer",
-    "dpo": "DPOTrainer",
-    "kto": "KTOTrainer",
-    "reward": "RewardTrainer",
-    "grpo": "GRPOTrainer",
-    "rloo": "RLOOTrainer",
-    "distillation": "DistillationTrainer",
-}
-# Trainers that generate in each step (prompt + completion widths, generation pinned per unit).
-ONLINE = ("grpo", "rloo", "distillation")
 # Where a colocate vLLM rehearsal keeps vLLM's own cache inside the cache directory (see vllm_rehearsable).
 VLLM_CACHE_SUBDIR = "vllm"
 # Loading arguments of from_pretrained that from_config does not take; the rest configure the model.
@@ -230,7 +220,7 @@ class StepAccounts:
     def begin(self, step: int) -> None:
         if step >= len(self.job.units):
             raise RehearsalError(f"the run went past its {len(self.job.units)} step(s)")
-        if self.job.spec.trainer in ONLINE:
+        if family(self.job.spec.trainer).generates:
             _fix_generation_length(self.trainer, self.job.units[step])
         self._compile_start = dynamo_compile_seconds()
         self._start = time.perf_counter()
@@ -374,12 +364,8 @@ def build_config(job: RunJob) -> Any:
         **REHEARSAL_OVERRIDES,
         "output_dir": str(job.work_dir / "trainer"),
         "max_steps": len(job.units),
+        **family(spec.trainer).rehearsal_overrides,  # steps take their data in order: step k produces unit k
     }
-    # steps take their data in order: step k produces unit k
-    if spec.trainer in ("sft", "dpo", "kto", "reward"):
-        overrides["train_sampling_strategy"] = "sequential"
-    else:
-        overrides["shuffle_dataset"] = False
     if unit.kind == "eval":
         overrides.update(eval_strategy="steps", eval_steps=1, eval_on_start=True)
     else:
@@ -459,18 +445,18 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # what TRL does when the tokenizer has none
     world = _world_size()
-    build = ROW_BUILDERS.get(spec.trainer, _prompt_rows)
+    record = family(spec.trainer)
     train: list[dict[str, Any]] = []
     evaluation: list[dict[str, Any]] | None = None
     for unit in job.units:
-        rows, eval_rows = build(spec.trainer, unit, config, tokenizer, world)
+        rows, eval_rows = record.build_rehearsal_rows(unit, config, tokenizer, world)
         train += rows
         evaluation = eval_rows
-    cls = getattr(trl, TRAINER_CLASSES[spec.trainer])
+    cls = getattr(trl, record.trainer_class)
     extra: dict[str, Any] = {}
-    if spec.trainer in ("grpo", "rloo"):
+    if record.generation_groups:
         extra["reward_funcs"] = zero_reward
-    if spec.trainer == "distillation":
+    if record.needs_teacher:
         extra["teacher_model"] = spec.teacher_model  # built from its config, like the student
     if spec.peft:
         # The job's LoraConfig, built by TRL's own get_peft_config: the trainer wraps the model itself
@@ -485,7 +471,7 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
         **extra,
     )
     observed = Observed()
-    if spec.trainer in ONLINE:
+    if record.generates:
         _fix_generation_length(trainer, job.unit)
         _record_forwards(trainer, observed)
     else:
@@ -504,20 +490,25 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _batches(trainer: str, unit: RehearsalUnit, config: Any, world: int) -> tuple[int, int]:
+def _batches(record: TrainerFamily, unit: RehearsalUnit, config: Any, world: int) -> tuple[int, int]:
     """(rows per batch, batches): one optimizer step of every process, or one eval pass."""
     per_device = (
         config.per_device_eval_batch_size if unit.kind == "eval" else config.per_device_train_batch_size
     )
     # DPO and Reward batches stack chosen and rejected rows: the unit's batch is twice the pairs
-    rows = unit.batch // 2 if trainer in ("dpo", "reward") else unit.batch
+    rows = unit.batch // record.rows_per_example
     if unit.kind == "eval" or rows < per_device:
         return rows, world  # a short (last) batch happens once per epoch
     return rows, config.gradient_accumulation_steps * world
 
 
-def _sft_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
-    rows, batches = _batches(trainer, unit, config, world)
+RowsPair = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
+
+
+def sft_step_rows(
+    record: TrainerFamily, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int
+) -> RowsPair:
+    rows, batches = _batches(record, unit, config, world)
     packing = bool(
         config.packing if unit.kind == "train" or config.eval_packing is None else config.eval_packing
     )
@@ -546,16 +537,20 @@ def _sft_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, wo
     return data, data if unit.kind == "eval" else None
 
 
-def _reward_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
-    pairs, batches = _batches(trainer, unit, config, world)
+def reward_step_rows(
+    record: TrainerFamily, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int
+) -> RowsPair:
+    pairs, batches = _batches(record, unit, config, world)
     data = []
     for _ in range(batches):
         data += reward_rows(tokenizer, pairs, unit.seq_len, config.pad_to_multiple_of, config.max_length)
     return data, data if unit.kind == "eval" else None
 
 
-def _dpo_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
-    pairs, batches = _batches(trainer, unit, config, world)
+def dpo_step_rows(
+    record: TrainerFamily, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int
+) -> RowsPair:
+    pairs, batches = _batches(record, unit, config, world)
     texts = TextMaker(tokenizer)
     data = []
     for _ in range(batches):
@@ -565,7 +560,9 @@ def _dpo_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, wo
     return data, data if unit.kind == "eval" else None
 
 
-def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
+def prompt_step_rows(
+    record: TrainerFamily, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int
+) -> RowsPair:
     """GRPO/RLOO: prompts for one generation round (TRL repeats each num_generations times), and
     for one eval batch on every process when the unit is an evaluation."""
     if unit.prompt_len is None or unit.completion_len is None:
@@ -574,7 +571,7 @@ def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any,
         raise RehearsalError("rehearsal of GRPO/RLOO with paged generation is not written yet")
     texts = TextMaker(tokenizer)
     multiple = config.pad_to_multiple_of
-    if trainer == "distillation":
+    if not record.generation_groups:
         # one completion per prompt; a round is B x gradient_accumulation_steps rows on every process
         prompts = config.per_device_train_batch_size * config.gradient_accumulation_steps * world
     else:
@@ -582,7 +579,7 @@ def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any,
     train = prompt_rows(texts, prompts, unit.prompt_len, multiple)
     if unit.kind == "train":
         return train, None
-    copies = 1 if trainer == "distillation" else config.num_generations_eval or config.num_generations
+    copies = (config.num_generations_eval or config.num_generations) if record.generation_groups else 1
     if unit.batch % copies:
         raise RehearsalError(
             f"an eval batch of {unit.batch} rows is not a whole number of {copies} generations"
@@ -590,8 +587,10 @@ def _prompt_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any,
     return train, prompt_rows(texts, unit.batch // copies * world, unit.prompt_len, multiple)
 
 
-def _kto_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int) -> RowsPair:
-    rows, batches = _batches(trainer, unit, config, world)
+def kto_step_rows(
+    record: TrainerFamily, unit: RehearsalUnit, config: Any, tokenizer: Any, world: int
+) -> RowsPair:
+    rows, batches = _batches(record, unit, config, world)
     texts = TextMaker(tokenizer)
     kl_len = unit.kl_len if config.loss_type != "apo_zero_unpaired" else None
     data = []
@@ -606,15 +605,6 @@ def _kto_rows(trainer: str, unit: RehearsalUnit, config: Any, tokenizer: Any, wo
             tokenizer.eos_token,
         )
     return data, data if unit.kind == "eval" else None
-
-
-RowsPair = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
-ROW_BUILDERS: dict[str, Callable[[str, RehearsalUnit, Any, Any, int], RowsPair]] = {
-    "sft": _sft_rows,
-    "dpo": _dpo_rows,
-    "kto": _kto_rows,
-    "reward": _reward_rows,
-}
 
 
 def _fix_generation_length(trainer: Any, unit: RehearsalUnit) -> None:
@@ -712,7 +702,8 @@ class ShapesNotProduced(RehearsalError):
 def check_shapes(trainer: str, unit: RehearsalUnit, account: StepAccount) -> None:
     """Fail the run unless TRL produced exactly the unit's shapes (never publish a wrong entry)."""
     want = (unit.batch, unit.seq_len)
-    if trainer in ONLINE:
+    record = family(trainer)
+    if record.generates:
         seen = set(account.forwards)
         if not seen:
             raise ShapesNotProduced("the GRPO/RLOO step ran no log-prob forward; nothing was rehearsed")
@@ -733,7 +724,7 @@ def check_shapes(trainer: str, unit: RehearsalUnit, account: StepAccount) -> Non
         raise ShapesNotProduced(
             f"the trainer produced batch shapes {sorted(seen)}, the unit needs only {want}"
         )
-    if trainer == "kto" and unit.kl_len is not None:
+    if record.kl_rows and unit.kl_len is not None:
         kl_seen, kl_want = set(account.kl_batches), (unit.batch, unit.kl_len)
         if kl_seen != {kl_want}:
             raise ShapesNotProduced(

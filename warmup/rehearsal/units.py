@@ -22,21 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from warmup.errors import RehearsalError
 from warmup.signature import Signature
+from warmup.trainers.registry import FAMILIES, family
 
 UnitKind = Literal["train", "eval"]
 
-# Trainer kinds whose rehearsal is written; the others fail with a clear message.
-SUPPORTED_TRAINERS = ("sft", "dpo", "kto", "reward", "grpo", "rloo", "distillation")
-# Phases one training step of each family runs (forward-only passes ride along with the step).
-STEP_PHASES = {
-    "sft": ("train",),
-    "reward": ("train",),
-    "dpo": ("train", "ref"),
-    "kto": ("train", "ref"),  # the KL forward (old_logps) is placed by kto_steps
-    "grpo": ("train", "ref", "old_logps", "generate_prefill", "generate_decode"),
-    "rloo": ("train", "ref", "old_logps", "generate_prefill", "generate_decode"),
-    "distillation": ("train", "teacher", "generate_prefill", "generate_decode"),
-}
 GENERATION_PHASES = ("generate_prefill", "generate_decode")
 
 
@@ -108,11 +97,13 @@ def plan_units(
             nothing[signature.key()] = reason
         else:
             compiled.append(signature)
-    if compiled:  # a plan whose every pass runs eager needs no rehearsal, whatever the trainer
-        require_rehearsable(trainer)
+    if not compiled:  # a plan whose every pass runs eager needs no rehearsal, whatever the trainer
+        return UnitPlan(units=[], nothing_to_compile=nothing)
+    require_rehearsable(trainer)
 
     units: list[RehearsalUnit] = []
-    if trainer == "kto":
+    record = family(trainer)
+    if record.kl_rows:
         units, compiled = kto_steps(compiled, pad_to_multiple_of, max_length)
     train_shapes = {(s.batch, s.seq_len) for s in compiled if s.phase == "train"}
     groups: dict[tuple[Any, ...], list[Signature]] = {}
@@ -121,7 +112,7 @@ def plan_units(
         if signature.phase in GENERATION_PHASES:
             generation.append(signature)
             continue
-        if signature.phase not in (*STEP_PHASES[trainer], "eval"):
+        if signature.phase not in (*record.step_phases, "eval"):
             raise RehearsalError(f"the {trainer} rehearsal has no step that runs phase {signature.phase!r}")
         in_step = signature.phase == "train" or (
             signature.phase != "eval" and (signature.batch, signature.seq_len) in train_shapes
@@ -132,7 +123,7 @@ def plan_units(
 
     for (kind, batch, seq_len, prompt_len), members in groups.items():
         fields = {}
-        if trainer in ("grpo", "rloo", "distillation"):
+        if record.generates:
             fields = _split_width(seq_len, prompt_len, pad_to_multiple_of, max_completion_length)
         units.append(
             RehearsalUnit(index=0, kind=kind, batch=batch, seq_len=seq_len, signatures=members, **fields)
@@ -226,10 +217,10 @@ def _kto_pair_fits(main: int, kl: int, multiple: int | None, max_length: int | N
 
 def require_rehearsable(trainer: str) -> None:
     """Raise RehearsalError, before any work, for a trainer whose rehearsal is not written."""
-    if trainer not in SUPPORTED_TRAINERS:
+    if trainer not in FAMILIES:
         raise RehearsalError(
             f"rehearsal of the {trainer!r} trainer is not written yet "
-            f"(supported: {', '.join(SUPPORTED_TRAINERS)}); `warmup plan` lists its signatures"
+            f"(supported: {', '.join(FAMILIES)}); `warmup plan` lists its signatures"
         )
 
 

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warmup.trainers.registry import family
+
 EVENT_PREFIX = "@@warmup "
 POLL_SECONDS = 0.2
 
@@ -101,11 +103,10 @@ def preload(trainer: str) -> None:
     import trl
 
     from warmup._compat import torch as compat_torch
-    from warmup.rehearsal import drivers
     from warmup.trl_args import config_class
 
     compat_torch.import_compiler()
-    getattr(trl, drivers.TRAINER_CLASSES.get(trainer, "SFTTrainer"))  # TRL imports its modules lazily
+    getattr(trl, family(trainer).trainer_class)  # TRL imports its modules lazily
     config_class(trainer)
 
 
@@ -122,23 +123,23 @@ def config_facts(spec: Any) -> dict[str, Any]:
 
     probe_unit = RehearsalUnit(index=0, kind="train", batch=1, seq_len=1, signatures=[])
     config = build_config(RunJob(spec, [probe_unit], Path("."), Path(tempfile.gettempdir()), 1))
+    record = family(spec.trainer)
     generation_rows = None
     if hasattr(config, "steps_per_generation"):
         generation_rows = {
             "train": config.per_device_train_batch_size * config.steps_per_generation,
             "eval": config.per_device_eval_batch_size,
         }
-    elif spec.trainer == "distillation":  # a round generates for the whole accumulation
+    elif record.generates:  # distillation: a round generates for the whole accumulation
         generation_rows = {
             "train": config.per_device_train_batch_size * config.gradient_accumulation_steps,
             "eval": config.per_device_eval_batch_size,
         }
-    pairs = 2 if spec.trainer in ("dpo", "reward") else 1
     return {
         "pad_to_multiple_of": config.pad_to_multiple_of,
         "max_completion_length": getattr(config, "max_completion_length", None),
         "generation_rows": generation_rows,
-        "train_rows": config.per_device_train_batch_size * pairs,
+        "train_rows": config.per_device_train_batch_size * record.rows_per_example,
         "max_length": getattr(config, "max_length", None),
         # SFT padding-free batches (BFD packing reorders rows across batches): one unit per run
         "padding_free": bool(

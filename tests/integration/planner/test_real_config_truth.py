@@ -30,6 +30,7 @@ import yaml
 from tests.support.shape_recorder import ShapeRecorder
 from tests.support.tiny_model import CORPUS, init_model, write_bpe_model
 from warmup.cli import main
+from warmup.trainers.registry import family
 
 ROOT = Path(__file__).resolve().parents[2] / "real_configs"
 WORDS = CORPUS.replace(",", "").replace(".", "").replace("?", "").replace(":", "").split()
@@ -41,13 +42,6 @@ SHRINK = {
     "logging_strategy": "no",
     "disable_tqdm": True,
     "pad_to_multiple_of": 128,
-}
-TRAINER_CLASSES = {
-    "sft": "SFTTrainer",
-    "dpo": "DPOTrainer",
-    "kto": "KTOTrainer",
-    "reward": "RewardTrainer",
-    "grpo": "GRPOTrainer",
 }
 
 
@@ -158,7 +152,7 @@ def run_script(config: Path, trainer: str) -> set:
         ["--config", str(config)], fail_with_unknown_args=False
     )
     recorder = ShapeRecorder()
-    cls = getattr(trl, TRAINER_CLASSES[trainer])
+    cls = getattr(trl, family(trainer).trainer_class)
     original = cls.train
 
     def train(self, *args, **kwargs):
