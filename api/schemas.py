@@ -19,7 +19,7 @@ from pydantic import (
 from warmup.advise.data import MAX_TOKENS, LengthsDocument
 from warmup.signature import Signature
 from warmup.spec import Spec
-from warmup.toolchain import Toolchain
+from warmup.toolchain.model import Toolchain
 
 MAX_REPORTED_SIGNATURES = 4096
 # The largest integer the database stores (a signed 64-bit column): larger ones are refused with a 422,

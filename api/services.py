@@ -35,7 +35,7 @@ from warmup.settings import Settings
 from warmup.signature import Plan, Signature
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
-from warmup.toolchain import Toolchain
+from warmup.toolchain.model import Toolchain
 from warmup.trainers.registry import family
 from warmup.trl_args import warm_up_trl
 
@@ -166,6 +166,9 @@ class Services:
         default_factory=lambda: TTLCache(256, 600.0)
     )
 
+    # What the service still does before it is ready, while it answers (`warmup serve`): /readyz says it.
+    starting: str | None = None
+
     _stopped: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -178,8 +181,9 @@ class Services:
         )
 
     @classmethod
-    def start(cls, settings: Settings) -> Services:
-        """Migrate the database and check the store: a bad URL or bucket fails here, at start-up."""
+    def start(cls, settings: Settings, *, warm_up: bool = True) -> Services:
+        """Migrate the database and check the store: a bad URL or bucket fails here, at start-up.
+        `warm_up=False` leaves `warm_up()` to the caller (`warmup serve` calls it once it listens)."""
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         url = settings.resolved_database_url
         upgrade(url)
@@ -191,8 +195,6 @@ class Services:
         removed = store.remove_stale_uploads()
         if removed.paths:
             log.warning("%s", removed.describe(f"upload temp files in {store.location}"))
-        warm_up_trl()  # the seconds of importing TRL and torch, spent before the first request
-        _freeze_startup_heap()
         services = cls(
             settings=settings,
             engine=engine,
@@ -205,7 +207,15 @@ class Services:
         services.manifests.ttl_s = min(60.0, settings.presign_expiry_s / 4)
         if settings.store_check_interval_s:
             services.check_store_every(settings.store_check_interval_s)
+        if warm_up:
+            services.warm_up()
         return services
+
+    def warm_up(self) -> None:
+        """The seconds of importing TRL and torch, spent before the first request that plans (which waits
+        for it, warmup/trl_args.py)."""
+        warm_up_trl()
+        _freeze_startup_heap()
 
     def check_store_every(self, interval_s: float) -> None:
         """A background pass: the store's listing against the blobs entries list (`warmup store check

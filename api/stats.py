@@ -26,7 +26,7 @@ from warmup.db.engine import make_sessionmaker
 from warmup.db.integrity import damaged_blobs
 from warmup.db.records import JobState, job_state
 from warmup.db.repository import signature_rows, signature_state
-from warmup.toolchain import Toolchain
+from warmup.toolchain.model import Toolchain
 
 # Compile times range from seconds (Inductor) to a minute (a Neuron graph) to many minutes (a new
 # GRPO static-cache size on Trainium).

@@ -39,7 +39,7 @@ from warmup.db.records import FileRef, Keyed
 from warmup.planner.planning import plan_spec
 from warmup.spec import load_spec
 from warmup.store import open_store
-from warmup.toolchain import current_toolchain
+from warmup.toolchain.probes import current_toolchain
 
 BUDGET_S = 0.020
 

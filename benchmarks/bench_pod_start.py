@@ -61,7 +61,7 @@ from warmup.backends.registry import get_backend
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
-from warmup.toolchain import current_toolchain
+from warmup.toolchain.probes import current_toolchain
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET, PREFIX, SYNCED = "bench", "warmup", "cache-dir"

@@ -57,7 +57,8 @@ from warmup.db.records import FileRef, Keyed
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.spec import Spec, load_spec
-from warmup.toolchain import Toolchain, current_toolchain
+from warmup.toolchain.model import Toolchain
+from warmup.toolchain.probes import current_toolchain
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET, PREFIX = "bench", "warmup"

@@ -34,7 +34,7 @@ from warmup.db.manifests import publish_manifest
 from warmup.manifest import Manifest, ManifestFile
 from warmup.spec import load_spec
 from warmup.store import S3BlobStore, sha256_file
-from warmup.toolchain import current_toolchain
+from warmup.toolchain.probes import current_toolchain
 
 BUDGET_MB = 200
 BUCKET = "bench"

@@ -62,7 +62,7 @@ sys.meta_path.insert(0, OneImportPath())
 # needs. No cache key holds it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The toolchains a test run computes are remembered in a memo of the run's own (not the venv's image
-# memo, which would carry them into the next run): warmup.toolchain.resolve_toolchain.
+# memo, which would carry them into the next run): warmup.toolchain.memo.resolve_toolchain.
 os.environ.setdefault(
     "WARMUP_TOOLCHAIN_MEMO", str(Path(tempfile.mkdtemp(prefix="warmup-test-memo-")) / "toolchain.json")
 )

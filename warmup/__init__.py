@@ -30,7 +30,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "plan": ("warmup.planner.planning", "plan_spec"),
     "Plan": ("warmup.signature", "Plan"),
     "Signature": ("warmup.signature", "Signature"),
-    "Toolchain": ("warmup.toolchain", "Toolchain"),
+    "Toolchain": ("warmup.toolchain.model", "Toolchain"),
     "dataset_facts": ("warmup.facts.reading", "dataset_facts"),
     "DatasetFacts": ("warmup.facts.summary", "DatasetFacts"),
     # the errors a user catches (every one is a WarmupError)
@@ -73,7 +73,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see (`X as X`: a re-expor
     from warmup.spec import Spec as Spec
     from warmup.spec import Target as Target
     from warmup.spec import load_spec as load_spec
-    from warmup.toolchain import Toolchain as Toolchain
+    from warmup.toolchain.model import Toolchain as Toolchain
 
     plan = plan_spec
 

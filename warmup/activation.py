@@ -33,7 +33,7 @@ from warmup.backends.base import Backend, CompileCounter, FreshCompiles, recompi
 from warmup.backends.registry import get_backend
 from warmup.errors import NotWarmedError, SpecError, ToolchainMismatchError
 from warmup.spec import Spec, load_spec
-from warmup.toolchain import prepare_current_toolchain, side_by_side
+from warmup.toolchain.probes import prepare_current_toolchain, side_by_side
 from warmup.trace_skip import TraceSkip, enable
 
 
@@ -160,7 +160,7 @@ class ToolchainCheck:
 
 def verify_pulled_toolchain(cache_dir: str | os.PathLike[str], spec: Spec) -> ToolchainCheck | None:
     """Compute this process's toolchain exactly and compare it with the one `warmup pull` used for
-    `cache_dir` (the pull may have remembered or predicted it: warmup.toolchain.resolve_toolchain).
+    `cache_dir` (the pull may have remembered or predicted it: warmup.toolchain.memo.resolve_toolchain).
     None when no pull of this spec installed into `cache_dir`.
 
     The exact facts are what a training process that traces computes anyway: torch is imported, Inductor
@@ -171,7 +171,9 @@ def verify_pulled_toolchain(cache_dir: str | os.PathLike[str], spec: Spec) -> To
     stale or wrong memo costs one refused start, never a wrong-cache hit.
     """
     from warmup.client.local import read_local_manifest
-    from warmup.toolchain import Toolchain, current_toolchain, remember_in_image, remember_toolchain
+    from warmup.toolchain.memo import remember_in_image, remember_toolchain
+    from warmup.toolchain.model import Toolchain
+    from warmup.toolchain.probes import current_toolchain
 
     cache = Path(cache_dir)
     manifest = read_local_manifest(cache, spec.key())
@@ -207,7 +209,8 @@ def check_manifest_toolchain(cache_dir: Path, spec: Spec) -> None:
     manifest = read_manifest(cache_dir)
     if manifest is None or "toolchain" not in manifest:
         return
-    from warmup.toolchain import Toolchain, current_toolchain
+    from warmup.toolchain.model import Toolchain
+    from warmup.toolchain.probes import current_toolchain
 
     theirs = Toolchain.model_validate(manifest["toolchain"])
     ours = current_toolchain(spec.target.backend, spec.target.device, world_size=spec.target.world_size)

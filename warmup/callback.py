@@ -506,7 +506,7 @@ class WarmupCallback(TrainerCallback):
         manifest = read_local_manifest(self.cache_dir, self.spec.key())
         if manifest is not None:
             return manifest.toolchain
-        from warmup.toolchain import current_toolchain
+        from warmup.toolchain.probes import current_toolchain
 
         target = self.spec.target
         return current_toolchain(target.backend, target.device, world_size=target.world_size).model_dump(

@@ -12,7 +12,7 @@ programs with g++ (seconds more). What the toolchain depends on can be read far 
 - what `-march=native` on Inductor's kernel command line builds for here (`native_target`): the compiler
   driver prints the options it would hand its compiler proper (`-###`: nothing is compiled, a few ms).
 
-`warmup/toolchain.py` remembers the exact facts once per image under a key of these, and predicts the
+`warmup/toolchain/memo.py` remembers the exact facts once per image under a key of these, and predicts the
 machine-dependent ones (ISA, threads, GPU) from them on a machine it has not seen; the training
 process computes the exact facts anyway and refuses a cache whose toolchain does not match them.
 """

@@ -1,14 +1,18 @@
-"""One retry loop for the client: a call retried on transient failures with capped exponential backoff,
-for at most a number of attempts and a time budget.
+"""The product's one retry loop: a call retried on transient failures with capped exponential backoff,
+for at most a number of attempts and a time budget. The client's calls to the service and its downloads
+wait out a service restart (`RESTART`); a dropped keep-alive connection and a broken S3 read are tried
+again at once (`at_once`).
 
-The budget is long enough for the service to restart (`warmup serve` computes its worker's toolchain
-before it listens again: docs/performance.md, "Riding out a restart"), so a pull or `submit --wait`
-lives through one; `WARMUP_RETRY_S` changes it (a CI job that would rather fail fast sets it low).
+The budget is long enough for the service to restart (it answers again within seconds, and is ready once
+it has imported TRL and computed its worker's toolchain: docs/performance.md, "Riding out a restart"), so a
+pull or `submit --wait` lives through one; `WARMUP_RETRY_S` changes it (a CI job that would rather fail fast
+sets it low).
 Pod-side: the standard library only.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -43,6 +47,12 @@ class Backoff:
 RESTART = Backoff()  # for as long as the service takes to restart
 
 
+def at_once(attempts: int) -> Backoff:
+    """Up to `attempts` tries back to back, without a time budget: for a failure the next try mends by
+    itself (a connection opened again, a read resumed where it broke)."""
+    return Backoff(first_delay_s=0.0, max_delay_s=0.0, attempts=attempts, budget_s=math.inf)
+
+
 def retrying(
     call: Callable[[], T],
     *,
@@ -70,5 +80,6 @@ def retrying(
             wait = max(delay, told)
             if attempt >= backoff.attempts or clock() - started + wait > budget:
                 raise
-        (sleep or time.sleep)(wait)
+        if wait > 0:
+            (sleep or time.sleep)(wait)
         delay = min(wait * 2, max(backoff.max_delay_s, 2 * told))

@@ -297,7 +297,7 @@ def judge(judged: list[Any], met: list[str], fresh: dict[str, int], backend: str
 
 def _toolchain_line(cache: Path) -> str | None:
     from warmup.activation import read_manifest
-    from warmup.toolchain import Toolchain
+    from warmup.toolchain.model import Toolchain
 
     manifest = read_manifest(cache) or {}
     if not manifest.get("toolchain"):

@@ -35,6 +35,7 @@ from warmup.errors import (
     UnsafeArtifactError,
 )
 from warmup.leftovers import Removed, locked_temp_file, remove_abandoned
+from warmup.retry import at_once, retrying
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK_BYTES = 1024 * 1024
@@ -536,25 +537,34 @@ class _ResumingReader(io.RawIOBase):
         from botocore.exceptions import BotoCoreError
         from urllib3.exceptions import HTTPError
 
-        for attempt in range(1, READ_ATTEMPTS + 1):
+        broken = (BotoCoreError, HTTPError, OSError)
+
+        def read() -> int:
+            if self.body is None:  # the last read broke: resume from the first byte not yet read
+                self.body = self._get()["Body"]
             try:
                 chunk = self.body.read(len(buffer)) if self.offset < self.length else b""
-                buffer[: len(chunk)] = chunk
-                self.offset += len(chunk)
-                return len(chunk)
-            except (BotoCoreError, HTTPError, OSError) as error:
+            except broken:
                 self.body.close()
-                if attempt == READ_ATTEMPTS:
-                    raise StoreError(
-                        f"S3 {self.what} from {self.store.location} broke off {attempt} times, last at byte "
-                        f"{self.offset} of {self.length} ({type(error).__name__}: {error}): check the network "
-                        "between here and the endpoint"
-                    ) from error
-                self.body = self._get()["Body"]
-        raise AssertionError("unreachable")
+                self.body = None
+                raise
+            buffer[: len(chunk)] = chunk
+            self.offset += len(chunk)
+            return len(chunk)
+
+        try:
+            return retrying(
+                read, transient=lambda error: isinstance(error, broken), backoff=at_once(READ_ATTEMPTS)
+            )
+        except broken as error:
+            raise StoreError(
+                f"S3 {self.what} from {self.store.location} broke off {READ_ATTEMPTS} times, last at byte "
+                f"{self.offset} of {self.length} ({type(error).__name__}: {error}): check the network "
+                "between here and the endpoint"
+            ) from error
 
     def close(self) -> None:
-        if not self.closed:
+        if not self.closed and self.body is not None:
             self.body.close()
         super().close()
 

@@ -281,7 +281,7 @@ def _launcher_action(parser: argparse.ArgumentParser, name: str) -> argparse.Act
 
 
 def _env_warnings(env: dict[str, str]) -> list[str]:
-    from warmup.toolchain import compile_env
+    from warmup.toolchain.model import compile_env
 
     relevant = compile_env(env)
     if not relevant:

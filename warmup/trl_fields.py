@@ -101,7 +101,7 @@ def _memo_name(versions: dict[str, str]) -> str:
 def _memo_folders(*, for_writing: bool) -> list[Path]:
     """Beside the image's toolchain memo (`warmup toolchain --remember` in an image build), else the user's
     cache: where a later process of the same install looks."""
-    from warmup.toolchain import image_memo_path
+    from warmup.toolchain.memo import image_memo_path
 
     paths = [image_memo_path(for_writing=True)]
     if not for_writing:

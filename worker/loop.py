@@ -41,7 +41,8 @@ from warmup.settings import Settings
 from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
-from warmup.toolchain import Toolchain, host_toolchain
+from warmup.toolchain.memo import host_toolchain
+from warmup.toolchain.model import Toolchain
 
 if TYPE_CHECKING:
     from warmup.rehearsal.runner import SignatureResult
@@ -113,11 +114,12 @@ class Worker:
         engine: Engine | None = None,
         store: BlobStore | None = None,
         toolchain: Toolchain | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.options = options
         self.engine = engine or make_engine(options.database_url)
         self.store = store or open_store(options.store_url)
-        self.stop = threading.Event()  # set: claim nothing new
+        self.stop = stop or threading.Event()  # set: claim nothing new
         # A database restart or failover is waited out (with backoff, logged once per outage), not
         # fatal: every queue and repository call is retried while the database is unavailable.
         self.outage = Outage(self.stop, logger=log)

@@ -16,12 +16,16 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="The database and the blob store answer; damage the store check found")
+@router.get(
+    "/readyz", summary="Started, and the database and the blob store answer; damage the store check found"
+)
 def readyz(request: Request, services: ServicesDep) -> JSONResponse:
-    problems = [p for p in (services.database_ready(), services.store_ready()) if p]
+    starting = services.starting
+    problems = [f"starting: {starting}"] if starting else []
+    problems += [p for p in (services.database_ready(), services.store_ready()) if p]
     if problems:
         return JSONResponse(
-            {"status": "unavailable", "problems": problems},
+            {"status": "starting" if starting else "unavailable", "problems": problems},
             status_code=503,
             headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
         )

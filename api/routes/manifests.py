@@ -24,7 +24,7 @@ from warmup.db.records import Keyed
 from warmup.errors import NotWarmedError, PartlyWarmedError, ToolchainMismatchError
 from warmup.manifest import Manifest
 from warmup.signature import Signature
-from warmup.toolchain import Toolchain
+from warmup.toolchain.model import Toolchain
 
 router = APIRouter(prefix="/v1", tags=["manifests"])
 

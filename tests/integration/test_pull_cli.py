@@ -32,7 +32,8 @@ from warmup.manifest import manifest_object_key
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
-from warmup.toolchain import Toolchain, current_toolchain
+from warmup.toolchain.model import Toolchain
+from warmup.toolchain.probes import current_toolchain
 
 PREFIX = "warmup"
 
@@ -114,7 +115,7 @@ def _keyed(document):
 
 def cache_files(directory: Path) -> set[str]:
     """The files in a cache dir, the pull's own bookkeeping left out (after a successful CLI pull, the
-    CPU ISA probes Inductor builds are there too: see warmup.cli.pod._IsaProbes)."""
+    CPU ISA probes Inductor builds are there too: see warmup.training_env.IsaProbes)."""
     if not directory.exists():
         return set()
     return {

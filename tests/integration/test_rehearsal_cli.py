@@ -26,7 +26,7 @@ def test_cache_dir_is_required():
 
 
 def test_a_directory_of_another_toolchain_is_refused_before_compiling(tiny_model_dir, tmp_path):
-    from warmup.toolchain import current_toolchain
+    from warmup.toolchain.probes import current_toolchain
 
     cache = tmp_path / "cache"
     cache.mkdir()

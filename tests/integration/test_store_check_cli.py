@@ -22,7 +22,7 @@ from warmup.db.records import Keyed
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.spec import load_spec
-from warmup.toolchain import current_toolchain
+from warmup.toolchain.probes import current_toolchain
 
 pytestmark = pytest.mark.timeout(600)
 PREFIX = "warmup"

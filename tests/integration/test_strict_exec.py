@@ -23,7 +23,7 @@ from warmup.manifest import Manifest
 from warmup.planner.planning import plan_spec
 from warmup.spec import load_spec
 from warmup.store import LocalBlobStore
-from warmup.toolchain import current_toolchain
+from warmup.toolchain.probes import current_toolchain
 
 POD_TRAIN = Path(__file__).resolve().parents[1] / "support" / "pod_train.py"
 

@@ -11,17 +11,17 @@ import sys
 
 import pytest
 
-from warmup.toolchain import current_toolchain, side_by_side
+from warmup.toolchain.probes import current_toolchain, side_by_side
 
 TOOLCHAIN_SCRIPT = (
-    "from warmup.toolchain import current_toolchain; print(current_toolchain('inductor', 'cpu').key())"
+    "from warmup.toolchain.probes import current_toolchain; print(current_toolchain('inductor', 'cpu').key())"
 )
 
 
 # Inductor's own walk over the candidate ISAs (one g++ probe after another), and ours (side by side).
 ISA_SCRIPTS = {
     "inductor alone": "from torch._inductor.cpu_vec_isa import pick_vec_isa; print(pick_vec_isa())",
-    "side by side": "from warmup.toolchain import cpu_vec_isa; print(cpu_vec_isa())",
+    "side by side": "from warmup.toolchain.probes import cpu_vec_isa; print(cpu_vec_isa())",
 }
 
 
@@ -58,14 +58,14 @@ def test_side_by_side_returns_in_order_raises_and_works_at_interpreter_exit():
     with pytest.raises(ZeroDivisionError):
         side_by_side([lambda: 1, lambda: 1 / 0])
     # The callback's last report computes a toolchain from an atexit hook, where executors refuse work.
-    at_exit = "import atexit; from warmup.toolchain import side_by_side; atexit.register(lambda: print(side_by_side([lambda: 1, lambda: 2])))"
+    at_exit = "import atexit; from warmup.toolchain.probes import side_by_side; atexit.register(lambda: print(side_by_side([lambda: 1, lambda: 2])))"
     done = subprocess.run([sys.executable, "-c", at_exit], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "[1, 2]", "")
 
 
 def test_pod_side_modules_import_without_server_packages_or_torch():
     code = (
-        "import sys, warmup, warmup.spec, warmup.toolchain, warmup.artifacts, warmup.backends; "
+        "import sys, warmup, warmup.spec, warmup.toolchain.memo, warmup.artifacts, warmup.backends; "
         "print(sorted(m for m in ('torch', 'fastapi', 'sqlalchemy', 'trl') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -76,7 +76,7 @@ def test_a_fresh_pod_finds_its_toolchain_in_the_images_memo_without_importing_to
     """`warmup toolchain --remember` once per image; then a fresh process on this machine finds the exact
     toolchain, and one on a machine the memo has not seen (here: the machine part of the memo
     dropped) predicts the machine facts from the kernel: the same toolchain, torch never imported."""
-    from warmup.toolchain import remember_in_image, resolve_toolchain
+    from warmup.toolchain.memo import remember_in_image, resolve_toolchain
 
     memo = tmp_path / "image" / "toolchain.json"
     monkeypatch.setenv("WARMUP_TOOLCHAIN_MEMO", str(memo))
@@ -86,7 +86,7 @@ def test_a_fresh_pod_finds_its_toolchain_in_the_images_memo_without_importing_to
     assert resolve_toolchain("inductor", "cpu") == (exact, "exact")
     assert remember_in_image(exact) == memo  # what `warmup toolchain --remember` does
     code = (
-        "import sys, json; from warmup.toolchain import resolve_toolchain; "
+        "import sys, json; from warmup.toolchain.memo import resolve_toolchain; "
         "toolchain, source = resolve_toolchain('inductor', 'cpu'); "
         "print(json.dumps([source, toolchain.key(), 'torch' in sys.modules]))"
     )

@@ -28,7 +28,7 @@ from warmup.db.repository import Repository
 from warmup.signature import Signature
 from warmup.spec import load_spec
 from warmup.store import open_store
-from warmup.toolchain import current_toolchain
+from warmup.toolchain.probes import current_toolchain
 from warmup.worker.loop import Worker, WorkerOptions
 
 

@@ -53,7 +53,8 @@ from warmup.db.outage import Outage, is_unavailable
 from warmup.db.records import Keyed
 from warmup.settings import Settings
 from warmup.spec import Spec, load_spec
-from warmup.toolchain import Toolchain, current_toolchain
+from warmup.toolchain.model import Toolchain
+from warmup.toolchain.probes import current_toolchain
 
 EAGER_TASKS = 60
 OUTAGE_S = 4.0  # how long the server stays down: longer than a heartbeat period, so every client notices

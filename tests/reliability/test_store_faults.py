@@ -47,7 +47,9 @@ from warmup.rehearsal.runner import SignatureResult
 from warmup.settings import Settings
 from warmup.spec import Spec, load_spec
 from warmup.store import MiB, S3BlobStore, blob_key
-from warmup.toolchain import Toolchain, current_toolchain, remember_toolchain
+from warmup.toolchain.memo import remember_toolchain
+from warmup.toolchain.model import Toolchain
+from warmup.toolchain.probes import current_toolchain
 from warmup.worker.loop import Worker, WorkerOptions
 
 PREFIX = "warmup"

@@ -41,7 +41,7 @@ from warmup.errors import BlobNotFoundError
 from warmup.planner.planning import plan_spec
 from warmup.spec import Spec, load_spec
 from warmup.store import LocalBlobStore
-from warmup.toolchain import current_toolchain
+from warmup.toolchain.probes import current_toolchain
 
 HOOKS = Path(__file__).resolve().parent / "fault_hooks"
 LEASE_S = 2.0  # short, so that a dead worker's lease runs out quickly

@@ -23,7 +23,7 @@ from warmup.db.repository import Repository
 from warmup.planner.planning import plan_spec
 from warmup.spec import load_spec
 from warmup.store import open_store
-from warmup.toolchain import current_toolchain
+from warmup.toolchain.probes import current_toolchain
 
 
 def submit_one_signature(db_url: str, model_dir: Path):

@@ -196,7 +196,7 @@ def warmup_server(
                     f"warmup serve exited with {process.returncode}:\n{log.read_text()[-3000:]}"
                 )
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{server.url}/healthz", timeout=2).status_code == 200:
+                if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:  # started, TRL imported
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"warmup serve did not answer in {SERVER_START_S:.0f} s")
@@ -436,7 +436,7 @@ def run_load(
     are ready, fire the pods and the submissions at once."""
     from tests.fixtures.services import free_port
     from warmup.db.migrate import upgrade
-    from warmup.toolchain import Toolchain
+    from warmup.toolchain.model import Toolchain
 
     env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO_ROOT)}
     toolchain_doc = Toolchain(**TOOLCHAIN_FIELDS).model_dump(mode="json")
@@ -498,7 +498,7 @@ def _publish(
     from warmup.api.services import Services
     from warmup.settings import Settings
     from warmup.spec import load_spec
-    from warmup.toolchain import Toolchain
+    from warmup.toolchain.model import Toolchain
 
     settings = Settings(
         data_dir=work / "publisher", database_url=database_url, store_url=store_url, auth="off"

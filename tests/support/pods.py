@@ -24,7 +24,7 @@ from warmup.db.manifests import build_manifest, publish_manifest
 from warmup.db.records import FileRef, Keyed
 from warmup.planner.planning import plan_spec
 from warmup.spec import Spec
-from warmup.toolchain import Toolchain
+from warmup.toolchain.model import Toolchain
 
 
 def play_worker(

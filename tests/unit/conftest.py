@@ -51,7 +51,7 @@ _PROCESS_STARTERS = [
 @pytest.fixture(scope="session", autouse=True)
 def _machine_facts_read_once() -> None:
     from warmup import layout
-    from warmup.toolchain import current_toolchain
+    from warmup.toolchain.probes import current_toolchain
 
     current_toolchain("inductor", "cpu")
     layout.command_line_paths()

@@ -380,8 +380,18 @@ def test_a_job_is_found_by_a_prefix_of_its_id_that_only_it_has(api, model_dir, m
     assert api.get("/v1/warmups/abc").status_code == 422  # under 4 digits: not taken for an id
 
 
-def test_health(api):
+def test_health(api, services):
     assert api.get("/healthz").json() == {"status": "ok"}
+    assert api.get("/readyz").json() == {"status": "ready"}
+    services.starting = "computing the worker's toolchain"  # as `warmup serve` sets it once it listens
+    starting = api.get("/readyz")
+    assert starting.status_code == 503 and starting.headers["retry-after"]
+    assert starting.json() == {
+        "status": "starting",
+        "problems": ["starting: computing the worker's toolchain"],
+    }
+    assert api.get("/healthz").json() == {"status": "ok"}
+    services.starting = None
     assert api.get("/readyz").json() == {"status": "ready"}
 
 

@@ -43,7 +43,7 @@ def test_recompile_limits_grow_with_the_plan_and_never_drop_below_dynamo_default
 def test_inductor_env_points_at_the_cache_and_tags_isa_and_threads(tmp_path):
     import torch
 
-    from warmup.toolchain import cpu_vec_isa
+    from warmup.toolchain.probes import cpu_vec_isa
 
     env = InductorBackend("cpu").env(tmp_path / "cache", plan_size=3)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "cache").absolute())

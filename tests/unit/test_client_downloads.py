@@ -173,3 +173,43 @@ def test_downloads_go_through_the_proxy_the_environment_names(server, tmp_path, 
         assert (tmp_path / "a.bin").read_bytes() == b"through the proxy"
     finally:
         _proxies.cache_clear()
+
+
+def test_a_kept_alive_connection_the_server_closed_is_opened_again_at_once(tmp_path):
+    """A server that closes each connection after one answer, without saying so: the next download on the
+    kept-alive connection fails, and is sent again at once on a new one, not counted as a failed attempt."""
+    blobs = {hashlib.sha256(data).hexdigest(): data for data in (b"first blob", b"second blob")}
+    connections: list[int] = []
+
+    class OneAnswerEach(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as far as the client can tell
+
+        def setup(self) -> None:
+            super().setup()
+            connections.append(1)
+
+        def do_GET(self) -> None:
+            data = blobs[self.path.rsplit("/", 1)[-1]]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            self.close_connection = True  # closed after the answer, without a Connection: close
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    closing = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OneAnswerEach)
+    threading.Thread(target=closing.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{closing.server_address[1]}"
+    files = [
+        ManifestFile(path=f"f{i}.bin", sha256=sha, size=len(data), url=f"{url}/presigned/{sha}")
+        for i, (sha, data) in enumerate(blobs.items())
+    ]
+    try:
+        result = install(manifest_of(files), tmp_path, HttpBlobSource(None), parallel=1, attempts=1)
+    finally:
+        closing.shutdown()
+        closing.server_close()
+    assert result.downloaded == 2 and len(connections) == 2
+    assert {(tmp_path / f.path).read_bytes() for f in files} == set(blobs.values())

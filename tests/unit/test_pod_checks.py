@@ -22,7 +22,8 @@ from warmup.manifest import Manifest
 from warmup.planner.planning import plan_spec
 from warmup.signature import Signature
 from warmup.spec import Spec, load_spec
-from warmup.toolchain import Toolchain, current_toolchain
+from warmup.toolchain.model import Toolchain
+from warmup.toolchain.probes import current_toolchain
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,7 @@ def test_a_cache_pulled_for_stale_remembered_facts_is_refused_naming_the_field(
     from warmup.client.pulling import pull
     from warmup.db.manifests import publish_manifest
     from warmup.store import LocalBlobStore
-    from warmup.toolchain import remember_in_image, resolve_toolchain
+    from warmup.toolchain.memo import remember_in_image, resolve_toolchain
 
     memo = tmp_path / "image-memo.json"
     monkeypatch.setenv("WARMUP_TOOLCHAIN_MEMO", str(memo))
@@ -321,7 +322,7 @@ def test_exec_makes_inductors_key_tag_from_exact_toolchain_facts_and_computes_it
     process. From facts the pull holds exactly it is the tag this machine computes, without torch;
     from predicted facts it is computed, so a wrong prediction cannot select code built for another ISA."""
     from warmup.backends.inductor import InductorBackend
-    from warmup.cli.pod import training_process_environment
+    from warmup.training_env import training_process_environment
 
     computed_tag = InductorBackend("cpu").key_tag()
     dest = pulled_into(tmp_path / "cache", spec, exact, [])

@@ -19,7 +19,7 @@ from tests.unit.test_pull_install import manifest_of, server  # noqa: F401 (a fi
 from warmup.client.installing import install
 from warmup.client.local import INDEX_NAME, TEMP_DIR_NAME, find_installed, save_local_manifest
 from warmup.client.sources import HttpBlobSource
-from warmup.retry import Backoff, retry_budget_s, retrying
+from warmup.retry import Backoff, at_once, retry_budget_s, retrying
 from warmup.spec import DataFacts, Spec
 
 
@@ -150,6 +150,11 @@ def test_retrying_backs_off_until_the_call_succeeds_or_the_budget_runs_out(monke
 
     assert retrying(once_busy, transient=transient, sleep=sleep, clock=lambda: now[0]) == "later"
     assert slept == [7.0]  # the service said when to come back
+
+    slept.clear()
+    with pytest.raises(Flaky):
+        retrying(never, transient=transient, backoff=at_once(3), sleep=sleep, clock=lambda: now[0])
+    assert slept == []  # tried again at once, three times in all
 
     monkeypatch.setenv("WARMUP_RETRY_S", "5")
     assert retry_budget_s() == 5.0

@@ -22,7 +22,7 @@ def test_a_missing_cache_dir_is_not_warmed(spec_file, tmp_path):
 
 
 def test_a_cache_warmed_under_another_toolchain_is_refused_by_field(spec_file, tmp_path):
-    from warmup.toolchain import current_toolchain
+    from warmup.toolchain.probes import current_toolchain
 
     theirs = current_toolchain("inductor", "cpu").model_copy(update={"torch": "2.14.1", "num_threads": 64})
     cache = tmp_path / "cache"

@@ -3,6 +3,7 @@ too, in tests/integration/test_store_s3.py, with what only S3 has."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections import Counter
@@ -18,7 +19,15 @@ from warmup.errors import (
     StoreUnreachableError,
     UnsafeArtifactError,
 )
-from warmup.store import BlobStore, LocalBlobStore, S3BlobStore, blob_key, sha256_file
+from warmup.store import (
+    READ_ATTEMPTS,
+    BlobStore,
+    LocalBlobStore,
+    S3BlobStore,
+    _ResumingReader,
+    blob_key,
+    sha256_file,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -253,3 +262,52 @@ def test_iter_blobs_lists_every_shard(many_blobs: tuple[LocalBlobStore, set[str]
     store, shas = many_blobs
     (store.root / "blobs" / ".tmp-stray").write_bytes(b"half an upload")
     assert {b.sha256 for b in store.iter_blobs()} == shas
+
+
+# --- an S3 read that breaks, with the S3 client played by a stand-in -----------------------------
+
+
+class BreakingS3:
+    """An S3 client and store whose every GET body breaks after `bytes_per_get` bytes."""
+
+    def __init__(self, data: bytes, bytes_per_get: int) -> None:
+        self.data, self.bytes_per_get = data, bytes_per_get
+        self.ranges: list[str | None] = []
+        self.client, self.bucket, self.location = self, "bucket", "s3://bucket"
+
+    def _errors(self, _what: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def get_object(self, Bucket: str, Key: str, Range: str | None = None) -> dict[str, object]:
+        self.ranges.append(Range)
+        start = int(Range.removeprefix("bytes=").rstrip("-")) if Range else 0
+        return {"Body": BreakingBody(self.data[start:], self.bytes_per_get), "ContentLength": len(self.data)}
+
+
+class BreakingBody:
+    def __init__(self, rest: bytes, until: int) -> None:
+        self.rest, self.until = rest, until
+
+    def read(self, size: int) -> bytes:
+        if self.until == 0:
+            raise OSError("connection reset by peer")
+        chunk = self.rest[: min(size, self.until)]
+        self.rest, self.until = self.rest[len(chunk) :], self.until - len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_broken_s3_read_resumes_where_it_stopped_then_gives_up_after_its_attempts() -> None:
+    data = os.urandom(1000)
+    s3 = BreakingS3(data, bytes_per_get=300)
+    reader = _ResumingReader(s3, "key", "download of key")  # type: ignore[arg-type]
+    assert b"".join(iter(lambda: reader.read(256), b"")) == data
+    assert s3.ranges == [None, "bytes=300-", "bytes=600-", "bytes=900-"]
+
+    dead = BreakingS3(data, bytes_per_get=0)
+    reader = _ResumingReader(dead, "key", "download of key")  # type: ignore[arg-type]
+    with pytest.raises(StoreError, match=f"broke off {READ_ATTEMPTS} times, last at byte 0 of 1000"):
+        reader.read(256)
+    assert len(dead.ranges) == READ_ATTEMPTS

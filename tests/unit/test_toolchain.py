@@ -10,14 +10,14 @@ import pytest
 
 from tests.fixtures.factories import cpu_toolchain
 from warmup.errors import BackendUnavailableError, SpecError, ToolchainMismatchError
-from warmup.toolchain import (
+from warmup.toolchain.model import (
     Toolchain,
     canonical_neuron_cc_flags,
     compile_env,
-    current_toolchain,
     neuron_lnc,
     neuron_target_from_name,
 )
+from warmup.toolchain.probes import current_toolchain
 
 
 def _toolchain(**changes: object) -> Toolchain:
@@ -196,7 +196,8 @@ def test_toolchain_round_trips_through_json():
 
 
 def test_a_pods_toolchain_is_remembered_until_a_fact_changes(tmp_path, monkeypatch):
-    from warmup.toolchain import TOOLCHAIN_MEMO, current_toolchain, remembered_toolchain
+    from warmup.toolchain.memo import TOOLCHAIN_MEMO, remembered_toolchain
+    from warmup.toolchain.probes import current_toolchain
 
     monkeypatch.delenv("TORCHINDUCTOR_MAX_AUTOTUNE", raising=False)
     first = remembered_toolchain("inductor", "cpu", directory=tmp_path)
@@ -263,8 +264,8 @@ def test_inductors_compiler_flags_become_the_kernels_names():
 def test_a_workers_toolchain_comes_from_the_images_memo_only_when_exact(tmp_path, monkeypatch):
     """A worker labels its uploads with its toolchain: the memo's exact entry spares it torch's import, a
     prediction for a machine the memo has not seen is not enough (computed, then remembered as exact)."""
-    import warmup.toolchain as toolchains
-    from warmup.toolchain import host_toolchain, remember_in_image
+    import warmup.toolchain.memo as toolchains
+    from warmup.toolchain.memo import host_toolchain, remember_in_image
 
     monkeypatch.setenv("WARMUP_TOOLCHAIN_MEMO", str(tmp_path / "toolchain.json"))
     exact = current_toolchain("inductor", "cpu")
@@ -405,7 +406,7 @@ def test_a_pod_resolves_its_cpu_target_with_the_flags_the_images_memo_recorded(t
     with TORCHINDUCTOR_CPP_MARCH), none predicted; a compiler that cannot say leaves the toolchain to be
     computed."""
     from warmup import machine
-    from warmup.toolchain import BUILD_FIELDS, IMAGE_MEMO_FORMAT, _facts_key, image_memo_toolchain
+    from warmup.toolchain.memo import BUILD_FIELDS, IMAGE_MEMO_FORMAT, _facts_key, image_memo_toolchain
 
     memo = tmp_path / "toolchain.json"
     monkeypatch.setenv("WARMUP_TOOLCHAIN_MEMO", str(memo))

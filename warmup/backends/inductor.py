@@ -74,7 +74,7 @@ class InductorBackend:
             return f"{KEY_TAG_PREFIX};cuda"
         import torch
 
-        from warmup.toolchain import cpu_vec_isa
+        from warmup.toolchain.probes import cpu_vec_isa
 
         return cpu_key_tag(cpu_vec_isa(), torch.get_num_threads())
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from warmup._compat import torch as compat_torch
 from warmup.artifacts import ArtifactFile, scan_files
 from warmup.backends.base import CacheCompileCounter, recompile_limits
-from warmup.toolchain import canonical_neuron_cc_flags, neuron_lnc, neuron_target_from_name
+from warmup.toolchain.model import canonical_neuron_cc_flags, neuron_lnc, neuron_target_from_name
 
 NEFF_PATH = re.compile(r"(?P<a>[0-9A-Za-z]{2})/(?P<b>[0-9A-Za-z]{2})/(?P<key>[0-9A-Za-z_\-]+)\.neff")
 DEFAULT_NEFF_CACHE_DIR = "/tmp/neff_cache"

@@ -17,7 +17,11 @@ from warmup.errors import WarmupError
 from warmup.formatting import short_id
 
 if TYPE_CHECKING:
-    from warmup.settings import Command
+    from uvicorn import Server
+
+    from warmup.api.services import Services
+    from warmup.settings import Command, Settings
+    from warmup.worker.loop import Worker
 
 COMMANDS = ("serve", "worker", "token", "gc")
 
@@ -107,44 +111,79 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     except WarmupError as error:
         raise WarmupError(redact(str(error))) from None
     configure_logging(settings.log_format, settings.log_level)
-    services = Services.start(settings)
-    worker = None
-    if not ns.no_worker:
-        from warmup.worker.loop import Worker, WorkerOptions
-
-        work_dir = settings.data_dir / "work"
-        work_dir.mkdir(parents=True, exist_ok=True)
-        options = WorkerOptions.from_settings(
-            settings.model_copy(update={"backend": "inductor", "device": None}),
-            pool="embedded",
-            work_dir=work_dir,
-        )
-        worker = Worker(options, engine=services.engine, store=services.store)
-        threading.Thread(target=worker.run, name="embedded-worker", daemon=True).start()
+    services = Services.start(settings, warm_up=False)
     auth = "required" if settings.auth_required else "off"
     print(
         redact(
             f"trl-warmup on http://{settings.host}:{settings.port} (database {settings.resolved_database_url}, "
             f"store {settings.resolved_store_url}, auth {auth}"
-            + (f", worker: {worker.toolchain.short}" if worker else ", no worker")
+            + (", no worker" if ns.no_worker else ", worker: starting")
             + ")"
         ),
         file=sys.stderr,
     )
-    try:
-        # log_config=None: uvicorn's loggers go through ours (one format, secrets redacted).
-        uvicorn.run(
+    # log_config=None: uvicorn's loggers go through ours (one format, secrets redacted).
+    server = uvicorn.Server(
+        uvicorn.Config(
             create_app(services=services),
             host=settings.host,
             port=settings.port,
             log_config=None,
             log_level=settings.log_level.lower(),
         )
+    )
+    starting = _Starting(services, settings, with_worker=not ns.no_worker, server=server)
+    threading.Thread(target=starting.run, name="start-up", daemon=True).start()
+    try:
+        server.run()
     finally:
-        if worker is not None:
-            worker.stop.set()
+        starting.stop.set()
         services.close()
+    if starting.failed is not None:
+        raise starting.failed
+    if not server.started:
+        return 3  # uvicorn's start-up failure (the port taken): it said why
     return 0
+
+
+class _Starting:
+    """What `serve` does once it listens: importing TRL and torch, then the embedded worker's toolchain
+    (seconds, a minute on a loaded machine), while /readyz says which (`Services.starting`). A restart is
+    then answered at once, and clients wait on /readyz or their retries, not on a refused connection. A
+    failure stops the server and is the command's error, as it was when it came before listening."""
+
+    def __init__(self, services: Services, settings: Settings, *, with_worker: bool, server: Server) -> None:
+        self.services, self.settings, self.with_worker, self.server = services, settings, with_worker, server
+        self.stop = threading.Event()  # the server stopped: the worker claims nothing new
+        self.failed: BaseException | None = None
+        services.starting = "importing TRL and torch"  # before the server listens: never ready too soon
+
+    def run(self) -> None:
+        worker = None
+        try:
+            self.services.warm_up()
+            if self.with_worker:
+                self.services.starting = "computing the worker's toolchain"
+                worker = self._worker()
+        except BaseException as error:  # not ready, ever: the server stops and the command says why
+            self.failed = error
+            self.server.should_exit = True
+            return
+        self.services.starting = None
+        if worker is not None and not self.stop.is_set():
+            worker.run()
+
+    def _worker(self) -> Worker:
+        from warmup.worker.loop import Worker, WorkerOptions
+
+        work_dir = self.settings.data_dir / "work"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        options = WorkerOptions.from_settings(
+            self.settings.model_copy(update={"backend": "inductor", "device": None}),
+            pool="embedded",
+            work_dir=work_dir,
+        )
+        return Worker(options, engine=self.services.engine, store=self.services.store, stop=self.stop)
 
 
 # --- worker -----------------------------------------------------------------------------------

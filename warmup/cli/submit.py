@@ -17,7 +17,9 @@ from warmup.formatting import format_duration, short_id
 
 # `warmup submit` exit codes that CI can branch on.
 EXIT_READY, EXIT_INVALID, EXIT_FAILED, EXIT_TIMEOUT = 0, 2, 3, 4
-IMAGE_MEMO_ENV = "WARMUP_TOOLCHAIN_MEMO"  # warmup.toolchain.IMAGE_MEMO_ENV, without importing it for --help
+IMAGE_MEMO_ENV = (
+    "WARMUP_TOOLCHAIN_MEMO"  # warmup.toolchain.memo.IMAGE_MEMO_ENV, without importing it for --help
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -70,13 +72,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_toolchain(ns: argparse.Namespace) -> int:
-    from warmup.toolchain import current_toolchain, image_isa_probes, image_memo_path, remember_in_image
+    from warmup.toolchain.memo import image_isa_probes, image_memo_path, remember_in_image
+    from warmup.toolchain.probes import current_toolchain
 
     device = ns.device or ("neuron" if ns.backend == "neuron" else "cpu")
     memo = image_memo_path(for_writing=True) if ns.remember else None
     if memo is not None and (ns.backend, device) == ("inductor", "cpu"):
         # Inductor builds its CPU ISA probe programs into its cache directory as the toolchain is computed:
-        # here, the image's, for `warmup exec` to hand every pod (warmup.toolchain.image_isa_probes)
+        # here, the image's, for `warmup exec` to hand every pod (warmup.toolchain.memo.image_isa_probes)
         probes = image_isa_probes(memo)
         shutil.rmtree(probes, ignore_errors=True)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(probes)
@@ -110,7 +113,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     if ns.toolchain is not None:
         toolchain = json.loads(ns.toolchain.read_text())
     elif pool is None:
-        from warmup.toolchain import host_toolchain
+        from warmup.toolchain.memo import host_toolchain
 
         target = spec.target
         toolchain = host_toolchain(target.backend, target.device, world_size=target.world_size).model_dump(

@@ -74,7 +74,7 @@ class PullResult:
     hashed: int = 0  # of the `skipped` files already in place, those whose sha256 this install checked
     # What pulls killed earlier had left in DEST/.warmup-tmp, removed by this one: files, bytes.
     removed_leftovers: tuple[int, int] = (0, 0)
-    # How `pull` found the toolchain: given, remembered, exact, predicted, computed (warmup.toolchain).
+    # How `pull` found the toolchain: given, remembered, exact, predicted, computed (warmup/toolchain/memo.py).
     toolchain_source: str = ""
 
     @property

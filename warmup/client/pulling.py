@@ -34,7 +34,7 @@ from warmup.manifest import MANIFESTS_PREFIX, Manifest, manifest_object_key, par
 if TYPE_CHECKING:
     from warmup.spec import Spec
     from warmup.store import BlobStore
-    from warmup.toolchain import Toolchain
+    from warmup.toolchain.model import Toolchain
 
 PRESIGN_S = 6 * 3600  # URLs signed by a pod pulling from the bucket: long enough for the largest pull
 
@@ -118,7 +118,7 @@ class PendingInstall:
 
     def run(self) -> PullResult:
         """Download and verify the files (all or none), then remember the toolchain a pod had to find."""
-        from warmup.toolchain import remember_toolchain
+        from warmup.toolchain.memo import remember_toolchain
 
         result = install(
             self.manifest,
@@ -150,7 +150,8 @@ def prepare_pull(
     """The first half of `pull` (same arguments): this pod's toolchain and the manifest of (spec,
     toolchain), checked; nothing is written into `dest` until the returned install runs."""
     from warmup.spec import Spec, load_spec
-    from warmup.toolchain import Toolchain, resolve_toolchain
+    from warmup.toolchain.memo import resolve_toolchain
+    from warmup.toolchain.model import Toolchain
 
     options = options or PullOptions()
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
@@ -300,7 +301,7 @@ def bucket_manifest(store: BlobStore, spec_key: str, toolchain: Toolchain) -> Ma
     from the closest one. None at all: NotWarmedError (workers publish a manifest once every
     signature of the job is warm).
     """
-    from warmup.toolchain import Toolchain
+    from warmup.toolchain.model import Toolchain
 
     key = manifest_object_key(spec_key, toolchain.key())
     try:

@@ -28,6 +28,7 @@ from warmup.client.service import (
 )
 from warmup.errors import StoreError, WarmupError
 from warmup.manifest import ManifestFile
+from warmup.retry import at_once, retrying
 
 if TYPE_CHECKING:
     from warmup.store import BlobStore
@@ -39,6 +40,10 @@ ConnectionKey = tuple[str, str | None, int | None]  # scheme, host, port
 
 class TransientDownloadError(StoreError):
     """A download failed in a way that may pass (connection dropped, 429, 5xx): it is retried."""
+
+
+class _ClosedKeptAlive(Exception):
+    """A request on a kept-alive connection failed: the server may have closed it while it was idle."""
 
 
 class BlobSource(Protocol):
@@ -109,7 +114,8 @@ class HttpBlobSource:
         key = (parts.scheme, parts.hostname, parts.port)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         connections = self._connections()
-        for attempt in (1, 2):
+
+        def request() -> tuple[ConnectionKey, http.client.HTTPResponse]:
             connection = connections.get(key)
             reused = connection is not None
             if connection is None:
@@ -125,10 +131,14 @@ class HttpBlobSource:
                 ) from error
             except (OSError, http.client.HTTPException) as error:
                 self._drop(key)
-                if reused and attempt == 1:  # the server closed a kept-alive connection: reconnect now
-                    continue
+                if reused:  # the server closed a kept-alive connection: a new one is opened at once
+                    raise _ClosedKeptAlive from error
                 raise TransientDownloadError(f"{what}: {type(error).__name__}: {error}") from error
-        raise AssertionError("unreachable")
+
+        # The second try opens a new connection, so it never ends in _ClosedKeptAlive.
+        return retrying(
+            request, transient=lambda error: isinstance(error, _ClosedKeptAlive), backoff=at_once(2)
+        )
 
     def _connect(self, parts: urllib.parse.SplitResult) -> http.client.HTTPConnection:
         if parts.scheme == "https":

@@ -22,7 +22,7 @@ from warmup.errors import ToolchainMismatchError
 from warmup.rehearsal.runner import Progress, Rehearsal, SignatureResult, rehearse_signatures, rehearse_spec
 from warmup.signature import Signature
 from warmup.spec import Spec
-from warmup.toolchain import Toolchain
+from warmup.toolchain.model import Toolchain
 
 MANIFEST_FORMAT = 1
 
@@ -85,7 +85,7 @@ def warm_directory(
             on_progress=on_progress,
         )
     else:
-        from warmup.toolchain import current_toolchain
+        from warmup.toolchain.probes import current_toolchain
 
         world = spec.target.world_size
         toolchain = current_toolchain(spec.target.backend, spec.target.device, world_size=world)

@@ -63,7 +63,7 @@ from warmup.rehearsal.units import RehearsalUnit, UnitPlan, eager_reason, plan_u
 from warmup.rehearsal.zygote import EVENT_PREFIX, run_paths
 from warmup.signature import Signature
 from warmup.spec import Spec
-from warmup.toolchain import Toolchain
+from warmup.toolchain.model import Toolchain
 from warmup.trace_skip import loss_line
 
 Status = Literal["ok", "failed", "timed_out"]

@@ -233,7 +233,7 @@ def supervise(argv: list[str], files: contextlib.ExitStack) -> int:
             signatures = [Signature.model_validate(item) for item in job["signatures"]]
         toolchain = None
         if job.get("toolchain"):
-            from warmup.toolchain import current_toolchain
+            from warmup.toolchain.probes import current_toolchain
 
             world = spec.target.world_size
             toolchain = current_toolchain(spec.target.backend, spec.target.device, world_size=world)
@@ -393,7 +393,7 @@ def launch(
     env = None
     target = run_job.spec.target
     if target.device == "cpu" and (processes > 1 or launcher is not None):
-        from warmup.toolchain import training_threads
+        from warmup.toolchain.probes import training_threads
 
         # each rank runs the threads a rank of the job runs (in Inductor's key on CPU)
         env = {**os.environ, "OMP_NUM_THREADS": str(training_threads(target.world_size))}

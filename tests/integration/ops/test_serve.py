@@ -70,7 +70,7 @@ def served(pg_url: str, tmp_path: Path) -> Iterator[Served]:
     deadline = time.monotonic() + 90
     while True:
         try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:  # it answers before it is ready
                 break
         except httpx.TransportError:
             pass
@@ -179,3 +179,92 @@ def test_worker_entrypoint_runs_from_the_environment(sqlite_url: str, tmp_path: 
         timeout=60,
     )
     assert helps.returncode == 0 and "--concurrency" in helps.stdout
+
+
+# `warmup serve` with its worker's toolchain held back until the test lets it through (the gate file).
+GATED_SERVE = """
+import sys, time
+from pathlib import Path
+
+import warmup.worker.loop as loop
+
+gate, computing = Path(sys.argv[1]), loop.host_toolchain
+
+
+def gated(*args, **kwargs):
+    while not gate.exists():
+        time.sleep(0.05)
+    return computing(*args, **kwargs)
+
+
+loop.host_toolchain = gated
+from warmup.cli import main
+
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_serve_answers_while_its_worker_still_computes_its_toolchain(tmp_path: Path) -> None:
+    """The embedded default listens at once: /healthz answers and /readyz says what it still does, until
+    the worker has its toolchain; then /readyz is ready and the worker registered."""
+    port, gate = free_port(), tmp_path / "gate"
+    log = tmp_path / "serve.log"
+    serve = ["serve", "--data-dir", str(tmp_path / "data"), "--port", str(port)]
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-c", GATED_SERVE, str(gate), *serve],
+            cwd=ROOT,
+            env={**os.environ, "WARMUP_AUTH": "off"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                readiness = httpx.get(f"{url}/readyz", timeout=5)
+                if readiness.json()["problems"] == ["starting: computing the worker's toolchain"]:
+                    break
+                assert readiness.json()["problems"] == ["starting: importing TRL and torch"]
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+        assert readiness.status_code == 503 and readiness.json()["status"] == "starting"
+        assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
+        assert httpx.get(f"{url}/v1/warmups").json() == []  # the API answers too
+        assert "warmup_workers{" not in httpx.get(f"{url}/metrics").text  # no worker registered yet
+        gate.touch()
+        while httpx.get(f"{url}/readyz", timeout=5).status_code != 200:
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+        while "warmup_workers{" not in httpx.get(f"{url}/metrics").text:  # it registers as its loop starts
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+        assert httpx.get(f"{url}/readyz").json() == {"status": "ready"}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+def test_serve_whose_worker_cannot_compute_its_toolchain_stops_and_says_why(tmp_path: Path) -> None:
+    """The worker's toolchain is computed once the service listens: when that fails, the service stops and
+    the command fails with the error, as it did when the toolchain came first."""
+    broken = (
+        "import sys\n"
+        "import warmup.worker.loop as loop\n"
+        "from warmup.errors import BackendUnavailableError\n"
+        "def no_toolchain(*args, **kwargs):\n"
+        "    raise BackendUnavailableError('no compiler here (the test says so)')\n"
+        "loop.host_toolchain = no_toolchain\n"
+        "from warmup.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    serve = ["serve", "--data-dir", str(tmp_path / "data"), "--port", str(free_port())]
+    done = subprocess.run(
+        [sys.executable, "-c", broken, *serve], cwd=ROOT, capture_output=True, text=True, timeout=150
+    )
+    assert done.returncode != 0
+    assert "error: no compiler here (the test says so)" in done.stderr
