@@ -52,6 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warmup._compat import kernels as compat_kernels
+from warmup.errors import IncompatibleLibraryError
+
 log = logging.getLogger(__name__)
 
 TRACE_DIR = "trace"
@@ -241,6 +244,7 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
     backbone = backbone_of(optimized._orig_mod)
     if backbone is None:
         return None
+    _saveable_hub_kernels(backbone)
     ctx = optimized.dynamo_ctx
     backend = innermost_backend(ctx.callback)
     eager = backbone.forward
@@ -267,6 +271,16 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
     optimized.forward = compiled_model
     backbone.forward = forward
     return split
+
+
+def _saveable_hub_kernels(backbone: Any) -> None:
+    """Let torch save a backbone that calls transformers' hub-kernel functions (warmup/_compat/kernels.py): a
+    name change only, made in the warm-up and the training process alike. Where this kernels moved what it
+    needs, the trace is not kept (the warm-up says so) and the graphs are the same all the same."""
+    try:
+        compat_kernels.saveable_kernel_functions(backbone)
+    except IncompatibleLibraryError as error:
+        log.warning("trace skip: %s; a model using hub kernels keeps no trace", error)
 
 
 def _on_compiled_module(hook: Callable[[Any], None]) -> None:
@@ -408,6 +422,7 @@ def predicted_loss(*, world_size: int, peft: bool) -> str | None:
     return None
 
 
+LOCAL_SCOPE = "defined in local scope"
 # What torch's refusals mean for the user, by a phrase of its message (the first line of the message otherwise)
 KNOWN_LOSSES = (
     (
@@ -416,11 +431,18 @@ KNOWN_LOSSES = (
         "(HOP: Unsafe side effect)",
     ),
     (
-        "defined in local scope",
+        LOCAL_SCOPE,
         "the model calls a function defined in a local scope (transformers' hub kernels, use_kernelized_func), "
         "which torch cannot save",
     ),
 )
+
+
+def hub_kernels_loss() -> str | None:
+    """Why a model calling transformers' hub-kernel functions (Qwen3 and others, where `kernels` is installed)
+    keeps no trace here, None where it keeps it: the seam to kernels does not hold on this version."""
+    problems = compat_kernels.check()
+    return f"{dict(KNOWN_LOSSES)[LOCAL_SCOPE]} ({problems[0]})" if problems else None
 
 
 def loss_line(trace: list[dict[str, Any]], lost: str | None) -> str:

@@ -116,15 +116,12 @@ def run_job(
 
 def known_trace_loss() -> str | None:
     """Why the trace skip keeps no trace of the tiny Qwen3 model on this stack, where the reason is known and
-    said (warmup/trace_skip.py KNOWN_LOSSES), else None: with transformers' hub kernels installed (the `kernels`
-    package, a dependency from transformers 5.25 on), Qwen3 calls a function defined in a local scope, which
-    torch cannot save (docs/compatibility.md)."""
-    import importlib.util
+    said, else None: where `kernels` is installed (a dependency from transformers 5.25 on) and the seam to it
+    does not hold, Qwen3 calls a function of a class defined in a local scope, which torch cannot save
+    (warmup/_compat/kernels.py, docs/compatibility.md)."""
+    from warmup.trace_skip import hub_kernels_loss
 
-    from warmup.trace_skip import KNOWN_LOSSES
-
-    hub_kernels = dict(KNOWN_LOSSES)["defined in local scope"]
-    return hub_kernels if importlib.util.find_spec("kernels") is not None else None
+    return hub_kernels_loss()
 
 
 def served_warm(report: dict[str, Any]) -> bool:
