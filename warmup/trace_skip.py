@@ -39,7 +39,6 @@ import atexit
 import contextlib
 import hashlib
 import importlib
-import io
 import json
 import logging
 import os
@@ -53,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from warmup._compat import kernels as compat_kernels
+from warmup._compat import torch as compat_torch
 from warmup.errors import IncompatibleLibraryError
 
 log = logging.getLogger(__name__)
@@ -77,17 +77,11 @@ COSMETIC_CONFIG_KEYS = frozenset(
 
 
 def unavailable_reason() -> str | None:
-    """Why this process cannot skip the trace (None: it can): the switch, or torch lacking the mechanism."""
+    """Why this process cannot skip the trace (None: it can): the switch, or torch lacking what the trace skip
+    reaches (the mechanism, `aot_compile` and `load_compiled_function`, among it)."""
     if os.environ.get(ENV_VAR, "1") == "0":
         return f"{ENV_VAR}=0"
-    try:
-        import torch
-        import torch._dynamo.aot_compile
-    except ImportError:
-        return "this torch has no torch._dynamo.aot_compile (it came in 2.9's successors; 2.13 has it)"
-    if not hasattr(torch.compiler, "load_compiled_function"):
-        return f"torch {torch.__version__} has no torch.compiler.load_compiled_function"
-    return None
+    return compat_torch.trace_skip_problem()
 
 
 # --- what an artifact is for -----------------------------------------------------------------------
@@ -128,18 +122,7 @@ def is_plain(module: Any) -> bool:
     holds `forward` only, so a module with hooks goes through Dynamo, which traces the hooks too."""
     import torch
 
-    hooks = torch.nn.modules.module
-    return not (
-        module._forward_pre_hooks
-        or module._forward_hooks
-        or module._backward_pre_hooks
-        or module._backward_hooks
-        or hooks._global_forward_pre_hooks
-        or hooks._global_forward_hooks
-        or hooks._global_backward_pre_hooks
-        or hooks._global_backward_hooks
-        or type(module).__call__ is not torch.nn.Module.__call__
-    )
+    return not compat_torch.has_hooks(module) and type(module).__call__ is torch.nn.Module.__call__
 
 
 def guard_filter(closure_names: frozenset[str]) -> Callable[[Any], list[bool]]:
@@ -147,9 +130,7 @@ def guard_filter(closure_names: frozenset[str]) -> Callable[[Any], list[bool]]:
     batch) and the global state (grad mode, autocast, determinism), less the kinds torch cannot serialise.
     Dropped: guards on the closure cells of the decorators around `forward` (`closure_names`) and on module
     globals: the same code under the same toolchain; the config digest covers the model."""
-    from torch._dynamo.guards import CheckFunctionManager
-
-    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    unsupported = compat_torch.unserializable_guard_types()
 
     def keep(entries: Any) -> list[bool]:
         kept = []
@@ -239,23 +220,20 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
     runs it (from an artifact, or recording the call), falling back to the backbone compiled on its own by
     Dynamo with the model's backend, mode and shape policy."""
     import torch
-    from torch._dynamo.eval_frame import innermost_backend
 
-    backbone = backbone_of(optimized._orig_mod)
+    model, backend, dynamic = compat_torch.compiled_module_parts(optimized)
+    backbone = backbone_of(model)
     if backbone is None:
         return None
     _saveable_hub_kernels(backbone)
-    ctx = optimized.dynamo_ctx
-    backend = innermost_backend(ctx.callback)
     eager = backbone.forward
-    compiled = torch._dynamo.optimize(backend=backend, dynamic=ctx._dynamic)(eager)
-    split = Split(backbone, backend, ctx._dynamic, compiled, config_digest(backbone))
+    compiled = compat_torch.dynamo_compiled(eager, backend=backend, dynamic=dynamic)
+    split = Split(backbone, backend, dynamic, compiled, config_digest(backbone))
     # The compiled model's call runs its forward eagerly around the backbone: what is left (TRL's LM head,
     # whose autograd.Function Dynamo cannot trace, and the loss) is a few small ops, and tracing them is
     # what a warmed process would otherwise still pay for on every shape. Calls of the bare model (TRL's
     # generation) run the backbone eagerly, as they did.
     inside = [0]
-    model = optimized._orig_mod
 
     def compiled_model(*args: Any, **kwargs: Any) -> Any:
         inside[0] += 1
@@ -264,7 +242,7 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
         finally:
             inside[0] -= 1
 
-    @torch._dynamo.disable  # type: ignore[untyped-decorator]
+    @torch.compiler.disable  # type: ignore[untyped-decorator]
     def forward(*args: Any, **kwargs: Any) -> Any:
         return serve(split, args, kwargs) if inside[0] else eager(*args, **kwargs)
 
@@ -284,31 +262,13 @@ def _saveable_hub_kernels(backbone: Any) -> None:
 
 
 def _on_compiled_module(hook: Callable[[Any], None]) -> None:
-    """Run `hook` on every OptimizedModule made from now on (accelerate wraps the model in torch.compile
-    while the trainer is built), once torch has set it up."""
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    _HOOKS.append(hook)
-    if getattr(OptimizedModule._initialize, "_warmup_hooks", None) is not None:
-        return
-    original = OptimizedModule._initialize
-
-    def _initialize(self: Any) -> None:
-        original(self)
-        for each in list(_HOOKS):
-            each(self)
-
-    _initialize._warmup_hooks = _HOOKS  # type: ignore[attr-defined]
-    OptimizedModule._initialize = _initialize
-
-
-_HOOKS: list[Callable[[Any], None]] = []
+    """Run `hook` on every OptimizedModule made from now on, once torch has set it up."""
+    compat_torch.on_compiled_module(hook)
 
 
 def remove_hook(hook: Callable[[Any], None]) -> None:
     """Stop running `hook` on new compiled modules (a recorder or a trace skip done with)."""
-    if hook in _HOOKS:
-        _HOOKS.remove(hook)
+    compat_torch.remove_compiled_module_hook(hook)
 
 
 # --- capture (the rehearsal) -----------------------------------------------------------------------
@@ -506,33 +466,20 @@ def compile_call(call: RecordedCall) -> Any:
     module.zero_grad(set_to_none=True)
     module.train(call.training)
     with torch.set_grad_enabled(call.grad):
-        compiled = torch._dynamo.optimize(
+        return compat_torch.aot_compile(
+            types.MethodType(forward, module),
+            call.args,
+            call.kwargs,
             backend=call.split.backend,
-            nopython=True,
             dynamic=call.split.dynamic,
             guard_filter_fn=guard_filter(closure),
-        )(types.MethodType(forward, module))
-        aot = compiled.aot_compile((call.args, call.kwargs))
-    # Globals the transformed bytecode loads but torch does not save with it (modules Dynamo installed
-    # under generated names): saved by value, as torch saves the graph's own globals.
-    env = aot._artifacts.runtime_env
-    missing = (
-        env.external_refs - env.used_globals.keys() - env.import_sources.keys() - {aot._artifacts.backend_id}
-    )
-    for ref in missing:
-        value = (aot._extra_globals or {}).get(ref)
-        if not isinstance(value, types.ModuleType):
-            raise RuntimeError(f"the compiled code needs global {ref!r}, which cannot be saved")
-        env.used_globals[ref] = value
-    return aot
+        )
 
 
 def load_artifact(data: bytes, module: Any) -> Any:
-    import torch
-
-    loaded = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=hidden_functions(module))
-    loaded.disable_guard_check()  # the dispatcher checks the guards itself, once
-    return loaded
+    return compat_torch.load_aot_compiled(
+        data, hidden_functions(module)
+    )  # `TraceSkip.serve` checks the guards
 
 
 def compare(call: RecordedCall, loaded: Any, *, exact: bool) -> str | None:
@@ -808,11 +755,10 @@ def _exit_line() -> None:
     last line of the run)."""
     if _VERDICT_SAID:
         return
-    from torch._dynamo.utils import counters
-
     from warmup.backends.inductor import MISS_COUNTERS
 
-    fresh = sum(int(counters[group][name]) for group, name in MISS_COUNTERS)
+    counters = compat_torch.dynamo_counters()
+    fresh = sum(int(counters[group][name]) for group, name in MISS_COUNTERS) if counters is not None else 0
     timings = describe_timings(compile_timings(timed_first_step()))
     print(f"trl-warmup: {timings}; {fresh} fresh compile(s) (Inductor cache misses)", file=sys.stderr)
 
@@ -856,11 +802,7 @@ def compile_timings(first_step_s: float | None = None) -> dict[str, Any]:
     """Where this process's compile time went, from torch's own timers: Dynamo's trace (its frames, less
     the backend inside them), the backend (AOTAutograd and Inductor, or their cache loads, backwards
     included), the trace artifacts' loading, and the calls they served."""
-    spent: dict[str, float] = {}
-    if "torch._dynamo.utils" in sys.modules:
-        from torch._dynamo.utils import calculate_time_spent
-
-        spent = calculate_time_spent()
+    spent = compat_torch.dynamo_time_spent()
     frames, backend = spent.get("entire_frame_compile", 0.0), spent.get("backend_compile", 0.0)
     state = active()
     timings: dict[str, Any] = {

@@ -104,7 +104,9 @@ def features() -> dict[str, str | None]:
         from warmup.trace_skip import unavailable_reason
 
         off["trace skip"] = unavailable_reason()
-        if _installed("kernels") is not None:  # transformers' hub kernels, a dependency from transformers 5.25 on
+        if (
+            _installed("kernels") is not None
+        ):  # transformers' hub kernels, a dependency from transformers 5.25 on
             from warmup.trace_skip import hub_kernels_loss
 
             off["trace skip of a model using hub kernels (Qwen3 and others)"] = hub_kernels_loss()
