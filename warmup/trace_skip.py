@@ -87,16 +87,18 @@ def unavailable_reason() -> str | None:
 # --- what an artifact is for -----------------------------------------------------------------------
 
 
-def config_digest(module: Any) -> str:
-    """The model's class and config, as far as they can change a graph (a guard the artifact cannot hold)."""
+def config_digest(module: Any, adapters: dict[str, Any] | None = None) -> str:
+    """The model's class and config, as far as they can change a graph (a guard the artifact cannot hold), and
+    the settings of the PEFT adapters around it (`adapted_model`), if any."""
     config = getattr(module, "config", None)
     values: dict[str, Any] = {}
     if config is not None and hasattr(config, "to_dict"):
         values = {k: v for k, v in config.to_dict().items() if k not in COSMETIC_CONFIG_KEYS}
     cls = type(module)
-    text = json.dumps(
-        {"class": f"{cls.__module__}.{cls.__qualname__}", "config": values}, sort_keys=True, default=str
-    )
+    described: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}", "config": values}
+    if adapters:
+        described["adapters"] = adapters
+    text = json.dumps(described, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -184,6 +186,18 @@ def _by_name(fn: types.FunctionType) -> Any:
 SPLIT_MARKER = "split.json"
 
 
+def adapted_model(model: Any) -> tuple[Any, dict[str, Any]]:
+    """The transformers model a PEFT wrapper adapts (peft's `get_base_model`), with its adapters' settings by
+    name; the model itself and none when it is not a PEFT model. The adapters' layers sit inside the backbone,
+    so a LoRA model splits where the model it adapts does."""
+    if type(model).__module__.partition(".")[0] != "peft" or not callable(
+        getattr(model, "get_base_model", None)
+    ):
+        return model, {}
+    adapters = {name: config.to_dict() for name, config in getattr(model, "peft_config", {}).items()}
+    return model.get_base_model(), adapters
+
+
 def backbone_of(model: Any) -> Any:
     """The module whose forward is traced ahead of time: the model's backbone (`base_model`, the decoder
     stack), None when the model has none or it is not a plain module."""
@@ -222,13 +236,14 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
     import torch
 
     model, backend, dynamic = compat_torch.compiled_module_parts(optimized)
-    backbone = backbone_of(model)
+    adapted, adapters = adapted_model(model)
+    backbone = backbone_of(adapted)
     if backbone is None:
         return None
     _saveable_hub_kernels(backbone)
     eager = backbone.forward
     compiled = compat_torch.dynamo_compiled(eager, backend=backend, dynamic=dynamic)
-    split = Split(backbone, backend, dynamic, compiled, config_digest(backbone))
+    split = Split(backbone, backend, dynamic, compiled, config_digest(backbone, adapters))
     # The compiled model's call runs its forward eagerly around the backbone: what is left (TRL's LM head,
     # whose autograd.Function Dynamo cannot trace, and the loss) is a few small ops, and tracing them is
     # what a warmed process would otherwise still pay for on every shape. Calls of the bare model (TRL's
@@ -362,7 +377,7 @@ def start_recording(world_size: int = 1) -> Recorder:
     """In a rehearsal, before the trainer is built: split and record; or, when this process cannot skip the
     trace (the switch, torch, a job of several processes), only note the compiled models, with the reason
     logged once (`Recorder.lost`)."""
-    reason = unavailable_reason() or predicted_loss(world_size=world_size, peft=False)
+    reason = unavailable_reason() or predicted_loss(world_size=world_size)
     if reason is not None:
         log.warning("trace skip: not captured (%s); the entry holds today's caches only", reason)
     recorder = Recorder(off=reason)
@@ -370,15 +385,13 @@ def start_recording(world_size: int = 1) -> Recorder:
     return recorder
 
 
-NO_BACKBONE = "the compiled model has no plain backbone to split (a PEFT model, hooks on the backbone, or no base_model)"
+NO_BACKBONE = "the compiled model has no plain backbone to split (hooks on the backbone, or no base_model)"
 
 
-def predicted_loss(*, world_size: int, peft: bool) -> str | None:
+def predicted_loss(*, world_size: int) -> str | None:
     """Why a job keeps no trace, as far as its spec tells (`warmup plan`; the warm-up says it for certain)."""
     if world_size > 1:
         return f"a job of {world_size} processes (not captured: one rank's artifacts are not checked for the others)"
-    if peft:
-        return NO_BACKBONE
     return None
 
 

@@ -240,14 +240,13 @@ def test_a_rehearsal_says_in_one_line_what_its_trace_skip_did_not_keep():
 
 def test_a_recorder_names_why_a_compiled_model_kept_no_trace():
     assert trace_skip.Recorder().lost() is None  # nothing compiled: nothing to say
-    several = trace_skip.Recorder(off=trace_skip.predicted_loss(world_size=4, peft=False))
+    several = trace_skip.Recorder(off=trace_skip.predicted_loss(world_size=4))
     several.models = 1
     assert several.lost() is not None and several.lost().startswith("a job of 4 processes")
     unsplit = trace_skip.Recorder()
     unsplit.models = 1
     assert unsplit.lost() == trace_skip.NO_BACKBONE
-    assert trace_skip.predicted_loss(world_size=1, peft=True) == trace_skip.NO_BACKBONE
-    assert trace_skip.predicted_loss(world_size=1, peft=False) is None
+    assert trace_skip.predicted_loss(world_size=1) is None  # a LoRA job's too: its backbone splits
 
 
 def test_a_training_run_reports_why_its_trace_skip_was_off(tmp_path, monkeypatch):
