@@ -74,6 +74,8 @@ COSMETIC_CONFIG_KEYS = frozenset(
         "torch_dtype",
     }
 )
+# An adapter's settings that name where its model came from, not what it computes.
+COSMETIC_ADAPTER_KEYS = frozenset({"base_model_name_or_path", "revision"})
 
 
 def unavailable_reason() -> str | None:
@@ -98,8 +100,14 @@ def config_digest(module: Any, adapters: dict[str, Any] | None = None) -> str:
     described: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}", "config": values}
     if adapters:
         described["adapters"] = adapters
-    text = json.dumps(described, sort_keys=True, default=str)
+    text = json.dumps(described, sort_keys=True, default=_as_json)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _as_json(value: Any) -> Any:
+    """A value json cannot write, as text; a set in order (peft's `target_modules`: a set's order changes from
+    one process to the next)."""
+    return sorted(map(str, value)) if isinstance(value, set | frozenset) else str(value)
 
 
 def describe_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -194,7 +202,10 @@ def adapted_model(model: Any) -> tuple[Any, dict[str, Any]]:
         getattr(model, "get_base_model", None)
     ):
         return model, {}
-    adapters = {name: config.to_dict() for name, config in getattr(model, "peft_config", {}).items()}
+    adapters = {
+        name: {k: v for k, v in config.to_dict().items() if k not in COSMETIC_ADAPTER_KEYS}
+        for name, config in getattr(model, "peft_config", {}).items()
+    }
     return model.get_base_model(), adapters
 
 
@@ -257,9 +268,28 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
         finally:
             inside[0] -= 1
 
+    # A PEFT model's backbone gets its input embeddings, not its token ids: under gradient checkpointing its
+    # embedding's hook (transformers' enable_input_require_grads) calls `requires_grad_()` on the frozen
+    # embedding's output, which torch cannot keep inside one graph; run eagerly before the backbone, it is an
+    # input of the graph instead. Rehearsal and training embed alike, so their graphs are the same.
+    embed_first = bool(adapters)
+
     @torch.compiler.disable  # type: ignore[untyped-decorator]
     def forward(*args: Any, **kwargs: Any) -> Any:
-        return serve(split, args, kwargs) if inside[0] else eager(*args, **kwargs)
+        if not inside[0]:
+            return eager(*args, **kwargs)
+        if (
+            embed_first
+            and not args
+            and kwargs.get("input_ids") is not None
+            and kwargs.get("inputs_embeds") is None
+        ):
+            kwargs = {
+                **kwargs,
+                "input_ids": None,
+                "inputs_embeds": backbone.get_input_embeddings()(kwargs["input_ids"]),
+            }
+        return serve(split, args, kwargs)
 
     optimized.forward = compiled_model
     backbone.forward = forward
@@ -407,6 +437,12 @@ KNOWN_LOSSES = (
         LOCAL_SCOPE,
         "the model calls a function defined in a local scope (transformers' hub kernels, use_kernelized_func), "
         "which torch cannot save",
+    ),
+    (
+        "returning intermediate with requires_grad_()",
+        "with gradient checkpointing and a frozen embedding (not a PEFT model's, whose backbone is given the "
+        "embeddings), transformers makes the embedding's output require grad inside the backbone "
+        "(enable_input_require_grads), which torch cannot keep in one graph",
     ),
 )
 
