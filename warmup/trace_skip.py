@@ -14,7 +14,9 @@ the backbone is compiled on its own (one graph, with the job's backend, mode and
 warmed process, runs its loaded artifact; the rest of the forward (the LM head, already outside any graph
 in TRL's fused path, and the loss) runs eagerly around it, so that a warmed process traces nothing. The
 rehearsal and the training process split the same way (the rehearsal leaves `trace/split.json` to say
-so), so the graphs and their cache keys are the same in both.
+so), so the graphs and their cache keys are the same in both. A PEFT model splits at the backbone of the model it
+adapts (`adapted_model`), which is given its input embeddings (the embedding's gradient-checkpointing hook runs
+eagerly before it).
 
 The rehearsal (`Recorder`) notes the first backbone call per input signature and, after training,
 compiles each ahead of time, saves it under `trace/` in the run's cache directory (ordinary files:
