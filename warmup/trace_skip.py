@@ -690,7 +690,12 @@ class TraceSkip:
         """Split a freshly compiled model's backbone as the rehearsal did, and load the artifacts made for
         its class and config (before the first forward; none when the trace skip is off: then every call
         goes to the backbone compiled on its own, the graph the rehearsal compiled)."""
-        split = split_backbone(optimized, self.serve)
+        try:
+            split = split_backbone(optimized, self.serve)
+        except IncompatibleLibraryError as error:  # this torch lacks what the split reaches: nothing to split
+            self.off = str(error)
+            log.warning("trace skip off: %s", error)
+            return
         if split is None or self.off is not None:
             return
         module = split.module
@@ -778,7 +783,12 @@ def enable(cache_dir: str | os.PathLike[str]) -> TraceSkip:
             "and the warmed cache serves it",
             state.off,
         )
-    _on_compiled_module(state.wrap)
+    try:
+        _on_compiled_module(state.wrap)
+    except IncompatibleLibraryError as error:
+        state.off = str(error)
+        log.warning("trace skip off: %s", error)
+        return state
     _ACTIVE.append(state)
     return state
 
