@@ -114,13 +114,19 @@ def run_job(
     return json.loads(out.read_text())
 
 
-def known_trace_loss() -> str | None:
+def known_trace_loss(*, checkpointed: bool = False) -> str | None:
     """Why the trace skip keeps no trace of the tiny Qwen3 model on this stack, where the reason is known and
-    said, else None: where `kernels` is installed (a dependency from transformers 5.25 on) and the seam to it
-    does not hold, Qwen3 calls a function of a class defined in a local scope, which torch cannot save
-    (warmup/_compat/kernels.py, docs/compatibility.md)."""
-    from warmup.trace_skip import hub_kernels_loss
+    said, else None. Where `kernels` is installed (a dependency from transformers 5.25 on): a job under
+    gradient checkpointing (non-reentrant there by default) sets kernels' context variable inside the
+    checkpoint, which torch cannot trace as one graph; and where the seam to kernels does not hold, Qwen3
+    calls an object of a class defined in a local scope, which torch cannot save (warmup/_compat/kernels.py,
+    docs/compile-caches.md)."""
+    import importlib.util
 
+    from warmup.trace_skip import KNOWN_LOSSES, hub_kernels_loss
+
+    if checkpointed and importlib.util.find_spec("kernels") is not None:
+        return dict(KNOWN_LOSSES)["torch.utils.checkpoint"]
     return hub_kernels_loss()
 
 
