@@ -14,7 +14,9 @@ the backbone is compiled on its own (one graph, with the job's backend, mode and
 warmed process, runs its loaded artifact; the rest of the forward (the LM head, already outside any graph
 in TRL's fused path, and the loss) runs eagerly around it, so that a warmed process traces nothing. The
 rehearsal and the training process split the same way (the rehearsal leaves `trace/split.json` to say
-so), so the graphs and their cache keys are the same in both.
+so), so the graphs and their cache keys are the same in both. A PEFT model splits at the backbone of the model it
+adapts (`adapted_model`), which is given its input embeddings (the embedding's gradient-checkpointing hook runs
+eagerly before it).
 
 The rehearsal (`Recorder`) notes the first backbone call per input signature and, after training,
 compiles each ahead of time, saves it under `trace/` in the run's cache directory (ordinary files:
@@ -39,7 +41,6 @@ import atexit
 import contextlib
 import hashlib
 import importlib
-import io
 import json
 import logging
 import os
@@ -51,6 +52,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from warmup._compat import kernels as compat_kernels
+from warmup._compat import torch as compat_torch
+from warmup.errors import IncompatibleLibraryError
 
 log = logging.getLogger(__name__)
 
@@ -71,36 +76,40 @@ COSMETIC_CONFIG_KEYS = frozenset(
         "torch_dtype",
     }
 )
+# An adapter's settings that name where its model came from, not what it computes.
+COSMETIC_ADAPTER_KEYS = frozenset({"base_model_name_or_path", "revision"})
 
 
 def unavailable_reason() -> str | None:
-    """Why this process cannot skip the trace (None: it can): the switch, or torch lacking the mechanism."""
+    """Why this process cannot skip the trace (None: it can): the switch, or torch lacking what the trace skip
+    reaches (the mechanism, `aot_compile` and `load_compiled_function`, among it)."""
     if os.environ.get(ENV_VAR, "1") == "0":
         return f"{ENV_VAR}=0"
-    try:
-        import torch
-        import torch._dynamo.aot_compile
-    except ImportError:
-        return "this torch has no torch._dynamo.aot_compile (it came in 2.9's successors; 2.13 has it)"
-    if not hasattr(torch.compiler, "load_compiled_function"):
-        return f"torch {torch.__version__} has no torch.compiler.load_compiled_function"
-    return None
+    return compat_torch.trace_skip_problem()
 
 
 # --- what an artifact is for -----------------------------------------------------------------------
 
 
-def config_digest(module: Any) -> str:
-    """The model's class and config, as far as they can change a graph (a guard the artifact cannot hold)."""
+def config_digest(module: Any, adapters: dict[str, Any] | None = None) -> str:
+    """The model's class and config, as far as they can change a graph (a guard the artifact cannot hold), and
+    the settings of the PEFT adapters around it (`adapted_model`), if any."""
     config = getattr(module, "config", None)
     values: dict[str, Any] = {}
     if config is not None and hasattr(config, "to_dict"):
         values = {k: v for k, v in config.to_dict().items() if k not in COSMETIC_CONFIG_KEYS}
     cls = type(module)
-    text = json.dumps(
-        {"class": f"{cls.__module__}.{cls.__qualname__}", "config": values}, sort_keys=True, default=str
-    )
+    described: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}", "config": values}
+    if adapters:
+        described["adapters"] = adapters
+    text = json.dumps(described, sort_keys=True, default=_as_json)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _as_json(value: Any) -> Any:
+    """A value json cannot write, as text; a set in order (peft's `target_modules`: a set's order changes from
+    one process to the next)."""
+    return sorted(map(str, value)) if isinstance(value, set | frozenset) else str(value)
 
 
 def describe_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -125,18 +134,7 @@ def is_plain(module: Any) -> bool:
     holds `forward` only, so a module with hooks goes through Dynamo, which traces the hooks too."""
     import torch
 
-    hooks = torch.nn.modules.module
-    return not (
-        module._forward_pre_hooks
-        or module._forward_hooks
-        or module._backward_pre_hooks
-        or module._backward_hooks
-        or hooks._global_forward_pre_hooks
-        or hooks._global_forward_hooks
-        or hooks._global_backward_pre_hooks
-        or hooks._global_backward_hooks
-        or type(module).__call__ is not torch.nn.Module.__call__
-    )
+    return not compat_torch.has_hooks(module) and type(module).__call__ is torch.nn.Module.__call__
 
 
 def guard_filter(closure_names: frozenset[str]) -> Callable[[Any], list[bool]]:
@@ -144,9 +142,7 @@ def guard_filter(closure_names: frozenset[str]) -> Callable[[Any], list[bool]]:
     batch) and the global state (grad mode, autocast, determinism), less the kinds torch cannot serialise.
     Dropped: guards on the closure cells of the decorators around `forward` (`closure_names`) and on module
     globals: the same code under the same toolchain; the config digest covers the model."""
-    from torch._dynamo.guards import CheckFunctionManager
-
-    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    unsupported = compat_torch.unserializable_guard_types()
 
     def keep(entries: Any) -> list[bool]:
         kept = []
@@ -200,6 +196,21 @@ def _by_name(fn: types.FunctionType) -> Any:
 SPLIT_MARKER = "split.json"
 
 
+def adapted_model(model: Any) -> tuple[Any, dict[str, Any]]:
+    """The transformers model a PEFT wrapper adapts (peft's `get_base_model`), with its adapters' settings by
+    name; the model itself and none when it is not a PEFT model. The adapters' layers sit inside the backbone,
+    so a LoRA model splits where the model it adapts does."""
+    if type(model).__module__.partition(".")[0] != "peft" or not callable(
+        getattr(model, "get_base_model", None)
+    ):
+        return model, {}
+    adapters = {
+        name: {k: v for k, v in config.to_dict().items() if k not in COSMETIC_ADAPTER_KEYS}
+        for name, config in getattr(model, "peft_config", {}).items()
+    }
+    return model.get_base_model(), adapters
+
+
 def backbone_of(model: Any) -> Any:
     """The module whose forward is traced ahead of time: the model's backbone (`base_model`, the decoder
     stack), None when the model has none or it is not a plain module."""
@@ -236,22 +247,21 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
     runs it (from an artifact, or recording the call), falling back to the backbone compiled on its own by
     Dynamo with the model's backend, mode and shape policy."""
     import torch
-    from torch._dynamo.eval_frame import innermost_backend
 
-    backbone = backbone_of(optimized._orig_mod)
+    model, backend, dynamic = compat_torch.compiled_module_parts(optimized)
+    adapted, adapters = adapted_model(model)
+    backbone = backbone_of(adapted)
     if backbone is None:
         return None
-    ctx = optimized.dynamo_ctx
-    backend = innermost_backend(ctx.callback)
+    _saveable_hub_kernels(backbone)
     eager = backbone.forward
-    compiled = torch._dynamo.optimize(backend=backend, dynamic=ctx._dynamic)(eager)
-    split = Split(backbone, backend, ctx._dynamic, compiled, config_digest(backbone))
+    compiled = compat_torch.dynamo_compiled(eager, backend=backend, dynamic=dynamic)
+    split = Split(backbone, backend, dynamic, compiled, config_digest(backbone, adapters))
     # The compiled model's call runs its forward eagerly around the backbone: what is left (TRL's LM head,
     # whose autograd.Function Dynamo cannot trace, and the loss) is a few small ops, and tracing them is
     # what a warmed process would otherwise still pay for on every shape. Calls of the bare model (TRL's
     # generation) run the backbone eagerly, as they did.
     inside = [0]
-    model = optimized._orig_mod
 
     def compiled_model(*args: Any, **kwargs: Any) -> Any:
         inside[0] += 1
@@ -260,41 +270,52 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
         finally:
             inside[0] -= 1
 
-    @torch._dynamo.disable  # type: ignore[untyped-decorator]
+    # A PEFT model's backbone gets its input embeddings, not its token ids: under gradient checkpointing its
+    # embedding's hook (transformers' enable_input_require_grads) calls `requires_grad_()` on the frozen
+    # embedding's output, which torch cannot keep inside one graph; run eagerly before the backbone, it is an
+    # input of the graph instead. Rehearsal and training embed alike, so their graphs are the same.
+    embed_first = bool(adapters)
+
+    @torch.compiler.disable  # type: ignore[untyped-decorator]
     def forward(*args: Any, **kwargs: Any) -> Any:
-        return serve(split, args, kwargs) if inside[0] else eager(*args, **kwargs)
+        if not inside[0]:
+            return eager(*args, **kwargs)
+        if (
+            embed_first
+            and not args
+            and kwargs.get("input_ids") is not None
+            and kwargs.get("inputs_embeds") is None
+        ):
+            kwargs = {
+                **kwargs,
+                "input_ids": None,
+                "inputs_embeds": backbone.get_input_embeddings()(kwargs["input_ids"]),
+            }
+        return serve(split, args, kwargs)
 
     optimized.forward = compiled_model
     backbone.forward = forward
     return split
 
 
+def _saveable_hub_kernels(backbone: Any) -> None:
+    """Let torch save a backbone that calls transformers' hub-kernel functions (warmup/_compat/kernels.py): a
+    name change only, made in the warm-up and the training process alike. Where this kernels moved what it
+    needs, the trace is not kept (the warm-up says so) and the graphs are the same all the same."""
+    try:
+        compat_kernels.saveable_kernel_functions(backbone)
+    except IncompatibleLibraryError as error:
+        log.warning("trace skip: %s; a model using hub kernels keeps no trace", error)
+
+
 def _on_compiled_module(hook: Callable[[Any], None]) -> None:
-    """Run `hook` on every OptimizedModule made from now on (accelerate wraps the model in torch.compile
-    while the trainer is built), once torch has set it up."""
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    _HOOKS.append(hook)
-    if getattr(OptimizedModule._initialize, "_warmup_hooks", None) is not None:
-        return
-    original = OptimizedModule._initialize
-
-    def _initialize(self: Any) -> None:
-        original(self)
-        for each in list(_HOOKS):
-            each(self)
-
-    _initialize._warmup_hooks = _HOOKS  # type: ignore[attr-defined]
-    OptimizedModule._initialize = _initialize
-
-
-_HOOKS: list[Callable[[Any], None]] = []
+    """Run `hook` on every OptimizedModule made from now on, once torch has set it up."""
+    compat_torch.on_compiled_module(hook)
 
 
 def remove_hook(hook: Callable[[Any], None]) -> None:
     """Stop running `hook` on new compiled modules (a recorder or a trace skip done with)."""
-    if hook in _HOOKS:
-        _HOOKS.remove(hook)
+    compat_torch.remove_compiled_module_hook(hook)
 
 
 # --- capture (the rehearsal) -----------------------------------------------------------------------
@@ -388,7 +409,7 @@ def start_recording(world_size: int = 1) -> Recorder:
     """In a rehearsal, before the trainer is built: split and record; or, when this process cannot skip the
     trace (the switch, torch, a job of several processes), only note the compiled models, with the reason
     logged once (`Recorder.lost`)."""
-    reason = unavailable_reason() or predicted_loss(world_size=world_size, peft=False)
+    reason = unavailable_reason() or predicted_loss(world_size=world_size)
     if reason is not None:
         log.warning("trace skip: not captured (%s); the entry holds today's caches only", reason)
     recorder = Recorder(off=reason)
@@ -396,18 +417,17 @@ def start_recording(world_size: int = 1) -> Recorder:
     return recorder
 
 
-NO_BACKBONE = "the compiled model has no plain backbone to split (a PEFT model, hooks on the backbone, or no base_model)"
+NO_BACKBONE = "the compiled model has no plain backbone to split (hooks on the backbone, or no base_model)"
 
 
-def predicted_loss(*, world_size: int, peft: bool) -> str | None:
+def predicted_loss(*, world_size: int) -> str | None:
     """Why a job keeps no trace, as far as its spec tells (`warmup plan`; the warm-up says it for certain)."""
     if world_size > 1:
         return f"a job of {world_size} processes (not captured: one rank's artifacts are not checked for the others)"
-    if peft:
-        return NO_BACKBONE
     return None
 
 
+LOCAL_SCOPE = "defined in local scope"
 # What torch's refusals mean for the user, by a phrase of its message (the first line of the message otherwise)
 KNOWN_LOSSES = (
     (
@@ -416,11 +436,24 @@ KNOWN_LOSSES = (
         "(HOP: Unsafe side effect)",
     ),
     (
-        "defined in local scope",
+        LOCAL_SCOPE,
         "the model calls a function defined in a local scope (transformers' hub kernels, use_kernelized_func), "
         "which torch cannot save",
     ),
+    (
+        "returning intermediate with requires_grad_()",
+        "with gradient checkpointing and a frozen embedding (not a PEFT model's, whose backbone is given the "
+        "embeddings), transformers makes the embedding's output require grad inside the backbone "
+        "(enable_input_require_grads), which torch cannot keep in one graph",
+    ),
 )
+
+
+def hub_kernels_loss() -> str | None:
+    """Why a model calling transformers' hub-kernel functions (Qwen3 and others, where `kernels` is installed)
+    keeps no trace here, None where it keeps it: the seam to kernels does not hold on this version."""
+    problems = compat_kernels.check()
+    return f"{dict(KNOWN_LOSSES)[LOCAL_SCOPE]} ({problems[0]})" if problems else None
 
 
 def loss_line(trace: list[dict[str, Any]], lost: str | None) -> str:
@@ -484,33 +517,20 @@ def compile_call(call: RecordedCall) -> Any:
     module.zero_grad(set_to_none=True)
     module.train(call.training)
     with torch.set_grad_enabled(call.grad):
-        compiled = torch._dynamo.optimize(
+        return compat_torch.aot_compile(
+            types.MethodType(forward, module),
+            call.args,
+            call.kwargs,
             backend=call.split.backend,
-            nopython=True,
             dynamic=call.split.dynamic,
             guard_filter_fn=guard_filter(closure),
-        )(types.MethodType(forward, module))
-        aot = compiled.aot_compile((call.args, call.kwargs))
-    # Globals the transformed bytecode loads but torch does not save with it (modules Dynamo installed
-    # under generated names): saved by value, as torch saves the graph's own globals.
-    env = aot._artifacts.runtime_env
-    missing = (
-        env.external_refs - env.used_globals.keys() - env.import_sources.keys() - {aot._artifacts.backend_id}
-    )
-    for ref in missing:
-        value = (aot._extra_globals or {}).get(ref)
-        if not isinstance(value, types.ModuleType):
-            raise RuntimeError(f"the compiled code needs global {ref!r}, which cannot be saved")
-        env.used_globals[ref] = value
-    return aot
+        )
 
 
 def load_artifact(data: bytes, module: Any) -> Any:
-    import torch
-
-    loaded = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=hidden_functions(module))
-    loaded.disable_guard_check()  # the dispatcher checks the guards itself, once
-    return loaded
+    return compat_torch.load_aot_compiled(
+        data, hidden_functions(module)
+    )  # `TraceSkip.serve` checks the guards
 
 
 def compare(call: RecordedCall, loaded: Any, *, exact: bool) -> str | None:
@@ -670,7 +690,12 @@ class TraceSkip:
         """Split a freshly compiled model's backbone as the rehearsal did, and load the artifacts made for
         its class and config (before the first forward; none when the trace skip is off: then every call
         goes to the backbone compiled on its own, the graph the rehearsal compiled)."""
-        split = split_backbone(optimized, self.serve)
+        try:
+            split = split_backbone(optimized, self.serve)
+        except IncompatibleLibraryError as error:  # this torch lacks what the split reaches: nothing to split
+            self.off = str(error)
+            log.warning("trace skip off: %s", error)
+            return
         if split is None or self.off is not None:
             return
         module = split.module
@@ -758,7 +783,12 @@ def enable(cache_dir: str | os.PathLike[str]) -> TraceSkip:
             "and the warmed cache serves it",
             state.off,
         )
-    _on_compiled_module(state.wrap)
+    try:
+        _on_compiled_module(state.wrap)
+    except IncompatibleLibraryError as error:
+        state.off = str(error)
+        log.warning("trace skip off: %s", error)
+        return state
     _ACTIVE.append(state)
     return state
 
@@ -786,11 +816,10 @@ def _exit_line() -> None:
     last line of the run)."""
     if _VERDICT_SAID:
         return
-    from torch._dynamo.utils import counters
-
     from warmup.backends.inductor import MISS_COUNTERS
 
-    fresh = sum(int(counters[group][name]) for group, name in MISS_COUNTERS)
+    counters = compat_torch.dynamo_counters()
+    fresh = sum(int(counters[group][name]) for group, name in MISS_COUNTERS) if counters is not None else 0
     timings = describe_timings(compile_timings(timed_first_step()))
     print(f"trl-warmup: {timings}; {fresh} fresh compile(s) (Inductor cache misses)", file=sys.stderr)
 
@@ -834,11 +863,7 @@ def compile_timings(first_step_s: float | None = None) -> dict[str, Any]:
     """Where this process's compile time went, from torch's own timers: Dynamo's trace (its frames, less
     the backend inside them), the backend (AOTAutograd and Inductor, or their cache loads, backwards
     included), the trace artifacts' loading, and the calls they served."""
-    spent: dict[str, float] = {}
-    if "torch._dynamo.utils" in sys.modules:
-        from torch._dynamo.utils import calculate_time_spent
-
-        spent = calculate_time_spent()
+    spent = compat_torch.dynamo_time_spent()
     frames, backend = spent.get("entire_frame_compile", 0.0), spent.get("backend_compile", 0.0)
     state = active()
     timings: dict[str, Any] = {

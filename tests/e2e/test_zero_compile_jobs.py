@@ -14,7 +14,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.support.jobs import no_fresh_compiles, only_empty_locks_appeared, run, run_job, write_spec
+from tests.support.jobs import (
+    known_trace_loss,
+    no_fresh_compiles,
+    only_empty_locks_appeared,
+    run,
+    run_job,
+    served_warm,
+    write_spec,
+)
 from warmup.artifacts import list_paths
 
 LORA = {"lora_r": 8, "lora_alpha": 16, "lora_target_modules": ["q_proj", "v_proj"]}
@@ -71,7 +79,12 @@ def test_lora_sft_with_gradient_checkpointing(tiny_model_dir, user_weights_dir, 
     (entry,) = manifest["entries"].values()
     assert entry["signature"]["frozen"] and entry["signature"]["gradient_checkpointing"]
     assert {tuple(shape) for shape in report["shapes"]} == {(2, 32)}
-    assert report["counters"]["aot_autograd"]["autograd_cache_hit"] > 0
+    if known_trace_loss(checkpointed=True) is None:
+        # the trace is skipped too: a LoRA model's backbone is split and served like any model's
+        assert report["trace_skip"]["hits"] > 0 and report["trace_skip"]["misses"] == 0, report["trace_skip"]
+        assert report["counters"].get("frames", {}).get("total", 0) == 0, report["counters"]
+    else:
+        assert served_warm(report), (report["counters"], report["trace_skip"])
 
 
 def test_lora_dpo(tiny_model_dir, user_weights_dir, tmp_path):

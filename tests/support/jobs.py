@@ -114,17 +114,20 @@ def run_job(
     return json.loads(out.read_text())
 
 
-def known_trace_loss() -> str | None:
+def known_trace_loss(*, checkpointed: bool = False) -> str | None:
     """Why the trace skip keeps no trace of the tiny Qwen3 model on this stack, where the reason is known and
-    said (warmup/trace_skip.py KNOWN_LOSSES), else None: with transformers' hub kernels installed (the `kernels`
-    package, a dependency from transformers 5.25 on), Qwen3 calls a function defined in a local scope, which
-    torch cannot save (docs/compatibility.md)."""
+    said, else None. Where `kernels` is installed (a dependency from transformers 5.25 on): a job under
+    gradient checkpointing (non-reentrant there by default) sets kernels' context variable inside the
+    checkpoint, which torch cannot trace as one graph; and where the seam to kernels does not hold, Qwen3
+    calls an object of a class defined in a local scope, which torch cannot save (warmup/_compat/kernels.py,
+    docs/compile-caches.md)."""
     import importlib.util
 
-    from warmup.trace_skip import KNOWN_LOSSES
+    from warmup.trace_skip import KNOWN_LOSSES, hub_kernels_loss
 
-    hub_kernels = dict(KNOWN_LOSSES)["defined in local scope"]
-    return hub_kernels if importlib.util.find_spec("kernels") is not None else None
+    if checkpointed and importlib.util.find_spec("kernels") is not None:
+        return dict(KNOWN_LOSSES)["torch.utils.checkpoint"]
+    return hub_kernels_loss()
 
 
 def served_warm(report: dict[str, Any]) -> bool:

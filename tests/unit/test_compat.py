@@ -9,17 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from warmup._compat import accelerate, targets, torch, transformers, trl
+from warmup._compat import accelerate, kernels, targets, torch, transformers, trl
 from warmup._compat.targets import Target
 from warmup.errors import IncompatibleLibraryError
 
-SEAMS = [torch, trl, accelerate, transformers]
+SEAMS = [torch, trl, accelerate, transformers, kernels]
 PRODUCT = [Path(__file__).resolve().parents[2] / folder for folder in ("warmup", "api", "worker")]
 LIBRARIES = ("torch", "trl", "accelerate", "transformers")
 # Classes of theirs whose private attributes a module might reach by name.
 THEIR_CLASSES = {"AcceleratorState", "PartialState", "Trainer", "OptimizedModule"}
-# Modules that still reach private names themselves, to be moved behind a seam (docs/architecture.md).
-NOT_YET_SEAMED = {"warmup/trace_skip.py", "warmup/_sitecustomize/sitecustomize.py"}
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -96,7 +94,7 @@ def test_no_other_product_module_reaches_a_private_name_of_the_ml_stack():
                 continue
             if reaches_private_names(path.read_text()):
                 reaching.add(relative)
-    assert reaching == NOT_YET_SEAMED
+    assert reaching == set()
 
 
 def test_the_check_sees_imports_and_attribute_chains_but_not_strings():
@@ -112,3 +110,40 @@ def test_the_check_sees_imports_and_attribute_chains_but_not_strings():
         "trainer.__init__",
         "trl.data_utils._pack_bfd",
     ]
+
+
+class _Layer:
+    """A layer as transformers' `use_kernelized_func` leaves it: its own instances of function modules."""
+
+    def __init__(self, *functions: object) -> None:
+        self._kernel_funcs = {f"f{i}": function for i, function in enumerate(functions)}
+
+    def modules(self) -> list[_Layer]:
+        return [self]
+
+
+def _function_module(pickles_by_name: bool) -> object:
+    class Func:  # defined in a local scope, as kernels defines it
+        if pickles_by_name:
+
+            def __reduce__(self) -> str:
+                return "apply_rotary_pos_emb"
+
+    return Func()
+
+
+def test_hub_kernel_function_classes_get_their_own_name_so_torch_pickles_them(monkeypatch):
+    monkeypatch.setattr(kernels, "TARGETS", ())  # the targets themselves: the check above
+    function = _function_module(pickles_by_name=True)
+    assert "<locals>" in type(function).__qualname__
+    assert kernels.saveable_kernel_functions(_Layer(function, function)) == 1
+    assert type(function).__qualname__ == type(function).__name__ == "Func"
+    assert kernels.saveable_kernel_functions(_Layer(function)) == 0  # once
+
+
+def test_a_hub_kernel_function_class_that_does_not_pickle_by_name_is_named_not_renamed(monkeypatch):
+    monkeypatch.setattr(kernels, "TARGETS", ())
+    function = _function_module(pickles_by_name=False)
+    with pytest.raises(IncompatibleLibraryError, match="does not pickle itself by name"):
+        kernels.saveable_kernel_functions(_Layer(function))
+    assert "<locals>" in type(function).__qualname__

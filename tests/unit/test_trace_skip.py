@@ -32,6 +32,35 @@ def test_the_config_digest_changes_with_one_field_and_not_with_where_the_model_c
     assert trace_skip.config_digest(_Model(_name_or_path="/other/checkpoint", use_cache=False)) == base
 
 
+class _PeftModel:
+    """A PEFT wrapper as `adapted_model` sees one: peft's class, `get_base_model`, `peft_config`."""
+
+    __module__ = "peft.peft_model"
+
+    def __init__(self, model: _Model, **settings: object) -> None:
+        self.model = model
+        self.peft_config = {
+            "default": _Config({"r": 8, "base_model_name_or_path": "/warm/model", **settings})
+        }
+
+    def get_base_model(self) -> _Model:
+        return self.model
+
+
+def test_an_adapted_models_digest_holds_its_adapters_settings_but_not_where_they_came_from():
+    model = _Model()
+    adapted, adapters = trace_skip.adapted_model(_PeftModel(model, target_modules={"q_proj", "v_proj"}))
+    assert adapted is model and trace_skip.adapted_model(model) == (model, {})
+    digest = trace_skip.config_digest(model, adapters)
+    assert digest != trace_skip.config_digest(model)
+
+    def other(**settings: object) -> str:
+        return trace_skip.config_digest(model, trace_skip.adapted_model(_PeftModel(model, **settings))[1])
+
+    assert other(target_modules={"v_proj", "q_proj"}, base_model_name_or_path="/user/weights") == digest
+    assert other(target_modules={"q_proj", "v_proj"}, r=16) != digest
+
+
 @dataclass
 class _Guard:
     name: str
@@ -234,20 +263,23 @@ def test_a_rehearsal_says_in_one_line_what_its_trace_skip_did_not_keep():
         "(use_reentrant: false) as one graph (HOP: Unsafe side effect)"
     )
     assert "transformers' hub kernels" in trace_skip.loss_line([{"stored": False, "reason": kernels}], None)
+    lora = (
+        "Unsupported: returning intermediate with requires_grad_()\n  Explanation: An intermediate tensor ..."
+    )
+    assert "enable_input_require_grads" in trace_skip.loss_line([{"stored": False, "reason": lora}], None)
     other = trace_skip.loss_line([{"stored": False, "reason": "TypeError: something new\nmore"}], None)
     assert other == "trace not kept for 1 of 1 call(s): TypeError: something new"
 
 
 def test_a_recorder_names_why_a_compiled_model_kept_no_trace():
     assert trace_skip.Recorder().lost() is None  # nothing compiled: nothing to say
-    several = trace_skip.Recorder(off=trace_skip.predicted_loss(world_size=4, peft=False))
+    several = trace_skip.Recorder(off=trace_skip.predicted_loss(world_size=4))
     several.models = 1
     assert several.lost() is not None and several.lost().startswith("a job of 4 processes")
     unsplit = trace_skip.Recorder()
     unsplit.models = 1
     assert unsplit.lost() == trace_skip.NO_BACKBONE
-    assert trace_skip.predicted_loss(world_size=1, peft=True) == trace_skip.NO_BACKBONE
-    assert trace_skip.predicted_loss(world_size=1, peft=False) is None
+    assert trace_skip.predicted_loss(world_size=1) is None  # a LoRA job's too: its backbone splits
 
 
 def test_a_training_run_reports_why_its_trace_skip_was_off(tmp_path, monkeypatch):

@@ -1,5 +1,7 @@
 """torch's private names, in one place: Inductor's code cache and C++ build, its CPU ISA probes, the
-compile caches' switches, Dynamo's recompile limits and miss counters.
+compile caches' switches, Dynamo's recompile limits, miss counters and compile-start callbacks, and what the
+trace skip reaches (warmup/trace_skip.py): the hook on every compiled module, the compiled module's backend and
+shape policy, a module's hooks, Dynamo's compile of one function, `aot_compile` and its guards' filter.
 
 Written against torch 2.13.0; checked on torch 2.13.0 and 2.14.1 (`CHECKED_ON`). Each function names the
 private target it reaches in `TARGETS`; `check()` resolves them all (tests/unit/test_compat.py), and a
@@ -11,8 +13,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import io
 import platform
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +28,7 @@ CHECKED_ON = ("2.13.0", "2.14.1")
 
 _CODECACHE = "torch._inductor.codecache"
 _VEC_ISA = "torch._inductor.cpu_vec_isa"
-TARGETS = (
+TARGETS: tuple[Target, ...] = (
     Target(_CODECACHE, "write", "wrap_kernel_write", ("content", "extension", "extra")),
     Target(_CODECACHE, "_precompile_header", "replace_precompiled_header", ("header", "hashable_cmd_line")),
     Target(_CODECACHE, "torch_key", "torch_key"),
@@ -44,7 +48,38 @@ TARGETS = (
     Target("torch._dynamo.utils", "counters", "dynamo_counters"),
     Target("torch._dynamo.utils", "calculate_time_spent", "dynamo_compile_seconds"),
     Target("torch._inductor.compile_fx", None, "import_compiler"),
+    Target(
+        "torch._dynamo.callback",
+        "callback_handler.register_start_callback",
+        "register_compile_start",
+        ("callback",),
+    ),
 )
+_EVAL_FRAME = "torch._dynamo.eval_frame"
+_AOT = "torch._dynamo.aot_compile"
+_MODULE = "torch.nn.modules.module"
+_GLOBAL_MODULE_HOOKS = (
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+)
+# What the trace skip reaches: where one does not hold, the trace skip is off (`trace_skip_problem`).
+TRACE_SKIP_TARGETS = (
+    Target(_EVAL_FRAME, "OptimizedModule._initialize", "on_compiled_module", ("self",)),
+    Target(_EVAL_FRAME, "innermost_backend", "compiled_module_parts", ("fn",)),
+    Target("torch._dynamo", "optimize", "dynamo_compiled"),
+    Target(_AOT, "AOTCompiledFunction._extra_globals", "aot_compile"),
+    Target(_AOT, "AOTCompiledFunction.disable_guard_check", "load_aot_compiled", ("self",)),
+    Target("torch.compiler", "load_compiled_function", "load_aot_compiled", ("file",)),
+    Target(
+        "torch._dynamo.guards",
+        "CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES",
+        "unserializable_guard_types",
+    ),
+    *(Target(_MODULE, name, "has_hooks") for name in _GLOBAL_MODULE_HOOKS),
+)
+TARGETS += TRACE_SKIP_TARGETS
 _BY_FUNCTION: dict[tuple[str, str | None], Target] = {(t.module, t.attribute): t for t in TARGETS}
 
 
@@ -191,3 +226,131 @@ def import_compiler() -> None:
     import torch._dynamo  # noqa: F401
 
     _get("torch._inductor.compile_fx", None)
+
+
+def dynamo_time_spent() -> dict[str, float]:
+    """Dynamo's timers of this process by phase (`entire_frame_compile`, `backend_compile`,
+    `entire_backward_compile`, ...); empty where Dynamo was never imported."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return {}
+    spent: dict[str, float] = _get("torch._dynamo.utils", "calculate_time_spent")()
+    return spent
+
+
+def register_compile_start(callback: Callable[[Any], None], module: Any = None) -> None:
+    """Have Dynamo call `callback` before each compile it starts. `module`: `torch._dynamo.callback` as it is
+    being imported (an import hook's), else imported here."""
+    if module is None:
+        module = importlib.import_module("torch._dynamo.callback")
+    _get("torch._dynamo.callback", "callback_handler.register_start_callback")
+    module.callback_handler.register_start_callback(callback)
+
+
+# --- the trace skip ----------------------------------------------------------------------------------
+
+
+def trace_skip_problem() -> str | None:
+    """The first target of the trace skip's that does not hold at the installed torch, one sentence (None: all
+    hold)."""
+    problems = targets.check(LIBRARY, CHECKED_ON, TRACE_SKIP_TARGETS)
+    return problems[0] if problems else None
+
+
+_COMPILED_MODULE_HOOKS: list[Callable[[Any], None]] = []
+
+
+def on_compiled_module(hook: Callable[[Any], None]) -> None:
+    """Run `hook` on every OptimizedModule made from now on (accelerate wraps the model in torch.compile
+    while the trainer is built), once torch has set it up: its `_initialize` is wrapped, once."""
+    _get(_EVAL_FRAME, "OptimizedModule._initialize")
+    optimized_module = importlib.import_module(_EVAL_FRAME).OptimizedModule
+    _COMPILED_MODULE_HOOKS.append(hook)
+    if getattr(optimized_module._initialize, "_warmup_hooks", None) is not None:
+        return
+    original = optimized_module._initialize
+
+    def _initialize(self: Any) -> None:
+        original(self)
+        for each in list(_COMPILED_MODULE_HOOKS):
+            each(self)
+
+    _initialize._warmup_hooks = _COMPILED_MODULE_HOOKS  # type: ignore[attr-defined]
+    optimized_module._initialize = _initialize
+
+
+def remove_compiled_module_hook(hook: Callable[[Any], None]) -> None:
+    """Stop running `hook` on new compiled modules."""
+    if hook in _COMPILED_MODULE_HOOKS:
+        _COMPILED_MODULE_HOOKS.remove(hook)
+
+
+def compiled_module_parts(optimized: Any) -> tuple[Any, Any, bool | None]:
+    """What torch.compile wrapped in an OptimizedModule: the module, the backend (the innermost, as given to
+    torch.compile) and the shape policy (`dynamic`)."""
+    innermost_backend = _get(_EVAL_FRAME, "innermost_backend")
+    context = optimized.dynamo_ctx
+    return optimized._orig_mod, innermost_backend(context.callback), context._dynamic
+
+
+def has_hooks(module: Any) -> bool:
+    """Whether calling the module runs hooks besides its `forward`: its own, or the global ones every module
+    runs."""
+    hooks = importlib.import_module(_MODULE)
+    own = (
+        module._forward_pre_hooks,
+        module._forward_hooks,
+        module._backward_pre_hooks,
+        module._backward_hooks,
+    )
+    # called on every backbone call: its targets are checked once, by `trace_skip_problem`
+    return any(own) or any(getattr(hooks, name) for name in _GLOBAL_MODULE_HOOKS)
+
+
+def dynamo_compiled(fn: Callable[..., Any], *, backend: Any, dynamic: bool | None) -> Callable[..., Any]:
+    """`fn` compiled by Dynamo with `backend` and the shape policy `dynamic`, as torch.compile compiles a model."""
+    compiled: Callable[..., Any] = _get("torch._dynamo", "optimize")(backend=backend, dynamic=dynamic)(fn)
+    return compiled
+
+
+def unserializable_guard_types() -> frozenset[str]:
+    """The kinds of Dynamo guards torch cannot save with an `aot_compile` artifact."""
+    kinds = _get("torch._dynamo.guards", "CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES")
+    return frozenset(kinds)
+
+
+def aot_compile(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    backend: Any,
+    dynamic: bool | None,
+    guard_filter_fn: Callable[[Any], list[bool]],
+) -> Any:
+    """torch's `aot_compile` of `fn` on (args, kwargs), one graph without breaks, keeping the guards
+    `guard_filter_fn` keeps: an artifact to `save_compiled_function`. Globals the transformed bytecode loads
+    but torch does not save with it (modules Dynamo installed under generated names) are saved by value, as
+    torch saves the graph's own globals."""
+    _get(_AOT, "AOTCompiledFunction._extra_globals")
+    optimize = _get("torch._dynamo", "optimize")
+    compiled = optimize(backend=backend, nopython=True, dynamic=dynamic, guard_filter_fn=guard_filter_fn)(fn)
+    aot = compiled.aot_compile((args, kwargs))
+    artifacts = aot._artifacts
+    env = artifacts.runtime_env
+    missing = env.external_refs - env.used_globals.keys() - env.import_sources.keys() - {artifacts.backend_id}
+    for ref in missing:
+        value = (aot._extra_globals or {}).get(ref)
+        if not isinstance(value, types.ModuleType):
+            raise RuntimeError(f"the compiled code needs global {ref!r}, which cannot be saved")
+        env.used_globals[ref] = value
+    return aot
+
+
+def load_aot_compiled(data: bytes, external_data: dict[str, Any]) -> Any:
+    """An `aot_compile` artifact loaded back, its guards left to the caller (`guard_check`), which checks them
+    once before it calls it."""
+    load = _get("torch.compiler", "load_compiled_function")
+    _get(_AOT, "AOTCompiledFunction.disable_guard_check")
+    loaded = load(io.BytesIO(data), external_data=external_data)
+    loaded.disable_guard_check()
+    return loaded

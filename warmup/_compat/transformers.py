@@ -1,6 +1,6 @@
 """transformers' private names, in one place: building a model of a class that has no public `from_config`, the
-chat template's compiled form that the data facts render conversations with, and the Trainer that is running a
-callback, found from the call stack.
+chat template's compiled form that the data facts render conversations with, the Trainer that is running a
+callback, found from the call stack, and the patch of `Trainer.__init__` that `warmup exec`'s processes install.
 
 Written against transformers 5.24.0; checked on transformers 5.24.0 and 5.25.0 (`CHECKED_ON`). `check()`
 resolves every target (tests/unit/test_compat.py). Importing this module imports no transformers.
@@ -31,6 +31,7 @@ TARGETS = (
         "trainer_running",
         ("self", "event", "args", "state", "control"),
     ),
+    Target("transformers.trainer", "Trainer.__init__", "wrap_trainer_init", ("self", "model", "args")),
 )
 # How far up the stack from a callback's event the Trainer method that called the handler is.
 _TRAINER_FRAMES = 12
@@ -80,3 +81,13 @@ def trainer_running(callback: Any) -> Any:
         ):
             return candidate
     return None
+
+
+def wrap_trainer_init(
+    trainer_module: Any, wrap: Callable[[Callable[..., None]], Callable[..., None]]
+) -> None:
+    """Replace `Trainer.__init__` by `wrap(the original)`, so that every Trainer (TRL's among them) runs what
+    `wrap` adds around its construction. `trainer_module`: `transformers.trainer` (as an import hook has it)."""
+    targets.resolve(LIBRARY, CHECKED_ON, TARGETS[4])
+    trainer = trainer_module.Trainer
+    trainer.__init__ = wrap(trainer.__init__)

@@ -18,7 +18,8 @@ precompiled header built unless a kernel is. When the cache holds trace artifact
 torch.compile wraps run them (warmup/trace_skip.py), as `warmup.activate` does.
 
 It then runs the `sitecustomize` that was next on the path, if any, so that an image's own
-customisation still runs. Standard library only, and nothing here may stop the process from starting.
+customisation still runs. Standard library only as it is imported (the hooks reach torch and transformers
+through trl-warmup's seams, warmup/_compat/, as they run), and nothing here may stop the process from starting.
 """
 
 from __future__ import annotations
@@ -54,45 +55,47 @@ def _trainers(module: ModuleType) -> None:
     """Every transformers Trainer times its first step, for the exit line the trace skip prints (the
     compile time and where it went). Under `warmup exec --strict` (WARMUP_STRICT) each also gets a
     WarmupCallback (unless it has one): the callback is what stops a run that meets an unwarmed graph."""
-    trainer = getattr(module, "Trainer", None)
-    if trainer is None:
-        return
-    init = trainer.__init__
+    from warmup._compat.transformers import wrap_trainer_init
+
     strict = os.environ.get("WARMUP_STRICT") == "1"
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        from warmup.callback import WarmupCallback
-        from warmup.trace_skip import first_step_clock
+    def wrap(init: Any) -> Any:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            from warmup.callback import WarmupCallback
+            from warmup.trace_skip import first_step_clock
 
-        given = kwargs.get("callbacks") or ()
-        # Built before the trainer, as a script passing `callbacks=[...]` does (planning keeps accelerate's
-        # state either way: warmup.trl_args.accelerate_state_kept).
-        callback = None
-        if strict and not any(isinstance(c, WarmupCallback) for c in given):
-            callback = WarmupCallback(strict=True)
-            callback.stand_in = True  # a script that adds its own after the build (add_callback) keeps it
-        init(self, *args, **kwargs)
-        handler = getattr(self, "callback_handler", None)
-        present = handler is None or any(isinstance(c, WarmupCallback) for c in handler.callbacks)
-        if callback is not None and not present:
-            self.add_callback(callback)  # verifies and counts from on_train_begin
-        if handler is not None:
-            self.add_callback(first_step_clock())
+            given = kwargs.get("callbacks") or ()
+            # Built before the trainer, as a script passing `callbacks=[...]` does (planning keeps accelerate's
+            # state either way: warmup.trl_args.accelerate_state_kept).
+            callback = None
+            if strict and not any(isinstance(c, WarmupCallback) for c in given):
+                callback = WarmupCallback(strict=True)
+                callback.stand_in = True  # a script that adds its own after the build (add_callback) keeps it
+            init(self, *args, **kwargs)
+            handler = getattr(self, "callback_handler", None)
+            present = handler is None or any(isinstance(c, WarmupCallback) for c in handler.callbacks)
+            if callback is not None and not present:
+                self.add_callback(callback)  # verifies and counts from on_train_begin
+            if handler is not None:
+                self.add_callback(first_step_clock())
 
-    trainer.__init__ = __init__
+        return __init__
+
+    wrap_trainer_init(module, wrap)
 
 
 def _wait_for_the_cache(module: ModuleType) -> None:
     """When `warmup exec` downloads the cache beside this process (WARMUP_PULL_OUTCOME), every Dynamo
     compile first waits for the download to finish: no graph is compiled before its cached code is
     there (warmup/client/background.py; a failed download raises there)."""
+    from warmup._compat.torch import register_compile_start
 
     def wait(_args: Any) -> None:
         from warmup.client.background import wait_for_pull
 
         wait_for_pull()
 
-    module.callback_handler.register_start_callback(wait)
+    register_compile_start(wait, module)
 
 
 def _canonical_kernel_layout(module: ModuleType) -> None:

@@ -107,11 +107,9 @@ def features() -> dict[str, str | None]:
         if (
             _installed("kernels") is not None
         ):  # transformers' hub kernels, a dependency from transformers 5.25 on
-            from warmup.trace_skip import KNOWN_LOSSES
+            from warmup.trace_skip import hub_kernels_loss
 
-            off["trace skip of a model using hub kernels (Qwen3 and others)"] = dict(KNOWN_LOSSES)[
-                "defined in local scope"
-            ]
+            off["trace skip of a model using hub kernels (Qwen3 and others)"] = hub_kernels_loss()
     off["sharded jobs: FSDP"] = ml
     off["sharded jobs: DeepSpeed ZeRO"] = ml or (
         None if _installed("deepspeed") else "deepspeed not installed (the `deepspeed` extra)"

@@ -54,7 +54,7 @@ def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts |
 
 def _trace_skip_warning(plan: PlanBuilder) -> None:
     """A compiled job whose warm-up will keep no trace (warmup/trace_skip.py) says so before it is warmed."""
-    reason = predicted_loss(world_size=plan.world_size, peft=plan.spec.peft is not None)
+    reason = predicted_loss(world_size=plan.world_size)
     if plan.args.compile_backend is not None and reason is not None:
         plan.warn(
             f"trace skip: {reason}; each training process traces the backbone with Dynamo at its start (the warmed "

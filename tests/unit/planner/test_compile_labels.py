@@ -173,8 +173,9 @@ def test_a_compiled_job_whose_warm_up_keeps_no_trace_is_warned_of(tiny_model_dir
         return [w for w in plan_spec(load_spec(spec)).warnings if w.startswith("trace skip:")]
 
     assert warnings(INDUCTOR) == []
-    (lora,) = warnings(INDUCTOR, peft={"lora_r": 8})
-    assert "no plain backbone to split (a PEFT model" in lora and "no fresh compile" in lora
+    # a LoRA model's backbone splits and keeps its trace, checkpointed or not
+    assert warnings(INDUCTOR, peft={"lora_r": 8}) == []
+    assert warnings(INDUCTOR, peft={"lora_r": 8}, args={"gradient_checkpointing": False}) == []
     (several,) = warnings({**INDUCTOR, "world_size": 4})
     assert several.startswith("trace skip: a job of 4 processes")
     assert warnings(INDUCTOR, peft={"lora_r": 8}, args={"torch_compile": False}) == []  # nothing traced
