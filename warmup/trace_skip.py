@@ -456,6 +456,15 @@ def hub_kernels_loss() -> str | None:
     return f"{dict(KNOWN_LOSSES)[LOCAL_SCOPE]} ({problems[0]})" if problems else None
 
 
+def hub_kernels_checkpoint_loss() -> str | None:
+    """Why a job under gradient checkpointing of a model calling hub-kernel functions keeps no trace here (None
+    where `kernels` is not installed): kernels sets a context variable inside the checkpoint (non-reentrant, the
+    default from transformers 5.25 on), which torch cannot trace as one graph. The FX/AOT caches still serve it."""
+    if not compat_kernels.installed():
+        return None
+    return f"{dict(KNOWN_LOSSES)['torch.utils.checkpoint']}: kernels sets a context variable inside the checkpoint"
+
+
 def loss_line(trace: list[dict[str, Any]], lost: str | None) -> str:
     """One line on what a rehearsal's trace skip did not keep ("" when it kept every call it recorded): its
     reason to keep none (`Recorder.lost`), or how many calls torch refused and why (`CaptureOutcome`)."""

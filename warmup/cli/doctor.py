@@ -107,9 +107,10 @@ def features() -> dict[str, str | None]:
         if (
             _installed("kernels") is not None
         ):  # transformers' hub kernels, a dependency from transformers 5.25 on
-            from warmup.trace_skip import hub_kernels_loss
+            from warmup.trace_skip import hub_kernels_checkpoint_loss, hub_kernels_loss
 
             off["trace skip of a model using hub kernels (Qwen3 and others)"] = hub_kernels_loss()
+            off["... under gradient checkpointing"] = hub_kernels_checkpoint_loss()
     off["sharded jobs: FSDP"] = ml
     off["sharded jobs: DeepSpeed ZeRO"] = ml or (
         None if _installed("deepspeed") else "deepspeed not installed (the `deepspeed` extra)"
