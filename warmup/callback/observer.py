@@ -464,7 +464,7 @@ class WarmupCallback(TrainerCallback):
             details["fresh"] = {name: count for name, count in fresh.counts.items() if count}
             details["new_files"] = len(fresh.new_files)
             details["new_files_first"] = list(fresh.new_files[:MAX_LISTED_FILES])
-        from warmup.trace_skip import compile_timings  # Dynamo's timers: any torch.compile backend
+        from warmup.callback.timings import compile_timings  # Dynamo's timers: any torch.compile backend
 
         details["timings"] = compile_timings(self._first_step_s)
         if self._timed_steps:
@@ -545,7 +545,7 @@ class WarmupCallback(TrainerCallback):
             f"{len(body['missed'])} missed, {body['fresh_compiles']} fresh compile(s)"
         )
         if "timings" in body["details"]:
-            from warmup.trace_skip import describe_timings
+            from warmup.callback.timings import describe_timings
 
             summary += f"; {describe_timings(body['details']['timings'])}"
         if not self.server:  # a run without a service (a directory `warmup warm` filled): nothing to post
@@ -594,7 +594,7 @@ class WarmupCallback(TrainerCallback):
 def _say_verdict(line: str) -> None:
     """The run's verdict, on stderr whatever the logging set-up: the last line a run under `warmup exec`
     prints (it carries the compile timings, so exec's own exit line is not printed after it)."""
-    from warmup.trace_skip import verdict_said
+    from warmup.callback.timings import verdict_said
 
     print(line, file=sys.stderr, flush=True)
     verdict_said()
