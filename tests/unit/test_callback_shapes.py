@@ -42,7 +42,7 @@ def test_only_steps_that_met_no_new_shape_are_timed(tiny_model_dir, monkeypatch,
         "args": {"per_device_train_batch_size": 2, "max_length": 64, "pad_to_multiple_of": 32, "bf16": False},
         "target": {"backend": "inductor", "device": "cpu"},
     }
-    monkeypatch.setattr(WarmupCallback, "_toolchain", lambda self: {})
+    monkeypatch.setattr("warmup.callback.observer.report_toolchain", lambda cache_dir, spec: {})
     callback = WarmupCallback(spec, cache_dir=tmp_path)
     model = torch.nn.Linear(4, 4).train()
     for step, seq_len in enumerate([32, 32, 64, 64], start=1):
