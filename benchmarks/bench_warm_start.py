@@ -5,7 +5,7 @@ For each job: `eager` (the same spec with `torch_compile: false`, no cache), `co
 cache directory, activated), `warmed` (a cache `warmup warm` filled with the trace skip off,
 WARMUP_TRACE_SKIP=0 in both the warm-up and the run: today's Inductor caches, Dynamo traces every graph)
 and `skipped` (a cache `warmup warm` filled with the trace skip on: the backbone's graphs load traced,
-warmup/trace_skip.py). `floor` is the eager run that first imports every module the skipped run of the same
+warmup/trace_skip/). `floor` is the eager run that first imports every module the skipped run of the same
 round imported beyond the eager run's (but warmup's own): Inductor's runtime, which loading any compiled graph
 imports, and AOTAutograd's; no way that runs compiled code can start faster, so it bounds what a warm start can
 reach. Every run is `tests/support/train_job.py` (`warmup.activate`, then TRL's trainer

@@ -18,7 +18,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     # the training process
     "activate": ("warmup.activation", "activate"),
     "Activation": ("warmup.activation", "Activation"),
-    "WarmupCallback": ("warmup.callback", "WarmupCallback"),
+    "WarmupCallback": ("warmup.callback.observer", "WarmupCallback"),
     # the pod's client
     "pull": ("warmup.client.pulling", "pull"),
     "PullResult": ("warmup.client.installing", "PullResult"),
@@ -51,7 +51,7 @@ __all__ = list(_EXPORTS)
 if TYPE_CHECKING:  # what a type checker and an editor see (`X as X`: a re-export)
     from warmup.activation import Activation as Activation
     from warmup.activation import activate as activate
-    from warmup.callback import WarmupCallback as WarmupCallback
+    from warmup.callback.observer import WarmupCallback as WarmupCallback
     from warmup.client.installing import PullResult as PullResult
     from warmup.client.pulling import pull as pull
     from warmup.errors import BackgroundPullError as BackgroundPullError

@@ -13,7 +13,7 @@ manifest `warmup warm` writes (`trl-warmup.json`), or the one `warmup pull` keep
 there is compared with this process's, computed exactly, and a difference raises ToolchainMismatchError
 naming the fields, instead of a silent miss or a wrong-cache hit.
 
-When the cache holds the trace skip's artifacts (warmup/trace_skip.py), the model accelerate compiles
+When the cache holds the trace skip's artifacts (warmup/trace_skip/), the model accelerate compiles
 gets them before its first forward: its warmed backbone calls run without Dynamo's trace.
 
 The returned `Activation` counts the compiles this process still does (`fresh_compiles()`).
@@ -34,7 +34,7 @@ from warmup.backends.registry import get_backend
 from warmup.errors import NotWarmedError, SpecError, ToolchainMismatchError
 from warmup.spec import Spec, load_spec
 from warmup.toolchain.probes import prepare_current_toolchain, side_by_side
-from warmup.trace_skip import TraceSkip, enable
+from warmup.trace_skip.serve import TraceSkip, enable
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Activation:
     plan_size: int
     recompile_limit: int
     counter: CompileCounter = field(repr=False)
-    trace_skip: TraceSkip | None = None  # warmed calls served without Dynamo's trace (warmup/trace_skip.py)
+    trace_skip: TraceSkip | None = None  # warmed calls served without Dynamo's trace (warmup/trace_skip/)
 
     def fresh_compiles(self) -> FreshCompiles:
         """The compiles this process did since activation (cache misses and new cache files)."""
@@ -165,7 +165,7 @@ def verify_pulled_toolchain(cache_dir: str | os.PathLike[str], spec: Spec) -> To
 
     The exact facts are what a training process that traces computes anyway: torch is imported, Inductor
     hashes torch's sources and picks the CPU's vector ISA at its first compile (both cached in the
-    process). When the trace skip serves every call (warmup/trace_skip.py) nothing else computes them:
+    process). When the trace skip serves every call (warmup/trace_skip/) nothing else computes them:
     then they are this check's own start-up cost (`activate` computes them beside the planning). They are
     remembered, correcting the image's memo and the pull's: a
     stale or wrong memo costs one refused start, never a wrong-cache hit.

@@ -337,7 +337,7 @@ def train_main(argv: list[str]) -> int:
 
     spec = load_spec(Path(spec_path))
     activation = warmup.activate(spec, cache_dir=cache)
-    from warmup.callback import WarmupCallback
+    from warmup.callback.observer import WarmupCallback
 
     callback = WarmupCallback(spec, cache_dir=cache)
     trainer = _user_trainer(spec, Path(weights), Path(out).parent / "trainer-out", callback)

@@ -2,7 +2,7 @@
 
 The job checkpoints its layers as most public recipes do (`gradient_checkpointing_kwargs: {use_reentrant: false}`,
 also transformers' default): the warm-up keeps the backbone's trace, and a training process runs it untraced.
-The warm-up splits the backbone off the compiled model (warmup/trace_skip.py), so its caches hold the backbone's
+The warm-up splits the backbone off the compiled model (warmup/trace_skip/), so its caches hold the backbone's
 graphs, not the whole model's. A training process over that cache splits the same way whether it loads the
 artifacts or not: with WARMUP_TRACE_SKIP=0 and with every artifact refused (damaged files), Dynamo traces the
 backbone it splits off, and Inductor's FX and AOTAutograd caches serve every graph; no file appears.
@@ -17,7 +17,8 @@ import pytest
 
 from tests.support.jobs import no_fresh_compiles, only_empty_locks_appeared, run, run_job, write_spec
 from warmup.artifacts import list_paths
-from warmup.trace_skip import ENV_VAR, SPLIT_MARKER, TRACE_DIR
+from warmup.trace_skip.artifacts import SPLIT_MARKER, TRACE_DIR
+from warmup.trace_skip.split import ENV_VAR
 
 
 def test_checkpointed_layers_skip_the_trace_and_the_switch_and_a_refused_artifact_meet_the_warmed_graphs(

@@ -1,4 +1,4 @@
-"""The trace skip's safety (warmup/trace_skip.py), in this process with real compiles of the tiny model.
+"""The trace skip's safety (warmup/trace_skip/), in this process with real compiles of the tiny model.
 
 One rehearsal-like recording compiles the backbone of two models that differ in one config field
 (`rms_norm_eps`, which no guard torch can save holds); each call is captured, saved and checked. Then:
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.tiny_model import init_model
-from warmup import trace_skip
+from warmup.trace_skip import artifacts, capture, serve, split
 
 REPEATS = 30  # numeric checks of each artifact
 
@@ -52,15 +52,15 @@ def test_an_artifact_is_refused_for_another_config_and_a_tampered_one_fails_the_
 ):
     import torch
 
-    assert trace_skip.unavailable_reason() is None
-    recorder = trace_skip.start_recording()
+    assert split.unavailable_reason() is None
+    recorder = capture.start_recording()
     assert recorder is not None
     try:
         plain, other = _model(tiny_model_dir), _model(tiny_model_dir, eps=1e-2)
         for model in (plain, other):
             torch.compile(model)(**_batch()).loss.backward()
     finally:
-        trace_skip.remove_hook(recorder.wrap)
+        split.remove_hook(recorder.wrap)
     cache = tmp_path / "cache"
     outcomes = recorder.capture(cache)
     assert [o.stored for o in outcomes] == [True, True], [o.reason for o in outcomes]
@@ -74,17 +74,17 @@ def test_an_artifact_is_refused_for_another_config_and_a_tampered_one_fails_the_
     norm = modeling_qwen3.Qwen3RMSNorm.forward
     monkeypatch.setattr(modeling_qwen3.Qwen3RMSNorm, "forward", lambda self, x: norm(self, x) * 1.001)
     tampered = cache / "tampered.aot"
-    trace_skip.compile_call(mine).save_compiled_function(
-        str(tampered), external_data=trace_skip.hidden_functions(mine.split.module)
+    capture.compile_call(mine).save_compiled_function(
+        str(tampered), external_data=artifacts.hidden_functions(mine.split.module)
     )
     monkeypatch.undo()
-    loaded = trace_skip.load_artifact(tampered.read_bytes(), mine.split.module)
+    loaded = artifacts.load_artifact(tampered.read_bytes(), mine.split.module)
     assert loaded.guard_check(mine.split.module, *mine.args, **mine.kwargs)
-    good = trace_skip.load_artifact((cache / outcomes[0].path).read_bytes(), mine.split.module)
+    good = artifacts.load_artifact((cache / outcomes[0].path).read_bytes(), mine.split.module)
     # the check is deterministic, not lucky: the sound artifact passes and the tampered one fails every time
     # (the embedding's gradient, a parallel scatter-add, once made it refuse the sound one by chance)
     verdicts = [
-        (trace_skip.compare(mine, good, exact=True), trace_skip.compare(mine, loaded, exact=True))
+        (capture.compare(mine, good, exact=True), capture.compare(mine, loaded, exact=True))
         for _ in range(REPEATS)
     ]
     assert [sound for sound, _ in verdicts] == [None] * REPEATS
@@ -92,16 +92,16 @@ def test_an_artifact_is_refused_for_another_config_and_a_tampered_one_fails_the_
 
     # a training process whose model differs in that one field: refused, a miss served by Dynamo's compile
     only_plain = tmp_path / "only-plain"
-    (only_plain / trace_skip.TRACE_DIR).mkdir(parents=True)
+    (only_plain / artifacts.TRACE_DIR).mkdir(parents=True)
     for name in (outcomes[0].path, outcomes[0].path.replace(".aot", ".json"), "trace/split.json"):
         (only_plain / name).write_bytes((cache / name).read_bytes())
-    state = trace_skip.TraceSkip(only_plain)
-    trace_skip._on_compiled_module(state.wrap)
+    state = serve.TraceSkip(only_plain)
+    split.on_compiled_module(state.wrap)
     try:
         changed, same = _model(tiny_model_dir, eps=1e-2), _model(tiny_model_dir)
         compiled_changed, compiled_same = torch.compile(changed), torch.compile(same)
     finally:
-        trace_skip.remove_hook(state.wrap)
+        split.remove_hook(state.wrap)
     assert state.refused == {"for another model config": 1} and state.loaded == 1
     torch.manual_seed(0)
     out = compiled_changed(**_batch())

@@ -40,7 +40,7 @@ def imported_after(code: str, *, absent: tuple[str, ...] = ()) -> list[str]:
 def test_the_pod_side_runs_without_any_server_package():
     """A training image has the base install only: the client side imports and builds its CLI there."""
     modules = imported_after(
-        "import warmup.spec, warmup.toolchain.memo, warmup.client.pulling, warmup.callback, warmup.manifest\n"
+        "import warmup.spec, warmup.toolchain.memo, warmup.client.pulling, warmup.callback.observer, warmup.manifest\n"
         "from warmup.cli import build_parser; build_parser('pull').parse_args(['pull', 'x.yaml', '--dest', 'd'])",
         absent=NOT_IN_THE_BASE_INSTALL,
     )

@@ -123,7 +123,7 @@ def known_trace_loss(*, checkpointed: bool = False) -> str | None:
     docs/compile-caches.md)."""
     import importlib.util
 
-    from warmup.trace_skip import KNOWN_LOSSES, hub_kernels_loss
+    from warmup.trace_skip.losses import KNOWN_LOSSES, hub_kernels_loss
 
     if checkpointed and importlib.util.find_spec("kernels") is not None:
         return dict(KNOWN_LOSSES)["torch.utils.checkpoint"]
@@ -131,7 +131,7 @@ def known_trace_loss(*, checkpointed: bool = False) -> str | None:
 
 
 def served_warm(report: dict[str, Any]) -> bool:
-    """The warmed cache served the run: the trace skip's artifacts served every backbone call (warmup/trace_skip.py),
+    """The warmed cache served the run: the trace skip's artifacts served every backbone call (warmup/trace_skip/),
     or, where it is off, Inductor's FX graph and AOTAutograd caches were hit (not a run that compiled nothing)."""
     skip = report.get("trace_skip") or {}
     if skip.get("hits"):

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from warmup.callback import WarmupCallback
+    from warmup.callback.observer import WarmupCallback
     from warmup.spec import load_spec
 
     # spec and server from what exec sets; with --attach add_callback it is built once the trainer is, below
@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _trace_skip() -> dict[str, Any] | None:
-    """What the trace skip served in this process (warmup/trace_skip.py), if it was on."""
-    from warmup.trace_skip import active
+    """What the trace skip served in this process (warmup/trace_skip/), if it was on."""
+    from warmup.trace_skip.serve import active
 
     state = active()
     return None if state is None else state.summary()

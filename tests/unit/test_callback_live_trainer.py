@@ -50,7 +50,7 @@ def live_accelerator() -> Iterator[object]:
 def test_building_the_callback_under_a_live_accelerator_keeps_its_state(spec, live_accelerator, tmp_path):
     from accelerate.state import AcceleratorState
 
-    from warmup.callback import WarmupCallback
+    from warmup.callback.observer import WarmupCallback
 
     accelerator = live_accelerator
     before = (accelerator.state.distributed_type, accelerator.device, accelerator.num_processes)

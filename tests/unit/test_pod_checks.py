@@ -103,7 +103,7 @@ def test_a_cache_pulled_for_stale_remembered_facts_is_refused_naming_the_field(
     bucket, and the training process, which computes the exact facts, refuses that cache naming the field,
     reports it, and corrects the memo."""
     from warmup.activation import activate
-    from warmup.callback import WarmupCallback
+    from warmup.callback.observer import WarmupCallback
     from warmup.client.pulling import pull
     from warmup.db.manifests import publish_manifest
     from warmup.store import LocalBlobStore
@@ -192,7 +192,7 @@ def test_strict_stops_at_the_first_unwarmed_shape_naming_it_and_the_nearest_warm
 ):
     import torch
 
-    from warmup.callback import WarmupCallback
+    from warmup.callback.observer import WarmupCallback
 
     dest = pulled_into(tmp_path / "cache", spec, exact, [signature_of(spec, 32)])
     out = tmp_path / "out"
@@ -221,7 +221,7 @@ def test_strict_stops_at_the_first_unwarmed_shape_naming_it_and_the_nearest_warm
 def test_without_strict_the_same_run_goes_on(spec, exact, tmp_path):
     import torch
 
-    from warmup.callback import WarmupCallback
+    from warmup.callback.observer import WarmupCallback
 
     dest = pulled_into(tmp_path / "cache", spec, exact, [signature_of(spec, 32)])
     args = SimpleNamespace(output_dir=str(tmp_path / "out"), bf16=False, fp16=False)
@@ -237,7 +237,7 @@ def test_without_strict_the_same_run_goes_on(spec, exact, tmp_path):
 
 
 def test_strict_refuses_a_directory_no_pull_filled(spec, tmp_path):
-    from warmup.callback import WarmupCallback
+    from warmup.callback.observer import WarmupCallback
 
     callback = WarmupCallback(spec, cache_dir=tmp_path / "empty", strict=True)
     with pytest.raises(UnwarmedCompileError, match="no cache of this spec was pulled"):
@@ -245,7 +245,7 @@ def test_strict_refuses_a_directory_no_pull_filled(spec, tmp_path):
 
 
 def test_strict_comes_from_the_environment_warmup_exec_sets(spec, monkeypatch):
-    from warmup.callback import WarmupCallback
+    from warmup.callback.observer import WarmupCallback
 
     monkeypatch.setenv("WARMUP_STRICT", "1")
     assert WarmupCallback(spec).strict is True
@@ -298,7 +298,7 @@ def test_a_toolchain_difference_is_named_as_the_environment(spec):
 
 def test_the_callbacks_warning_says_why(spec, exact, tmp_path, caplog):
     """A planned shape the cache holds that still compiled: the warning names the fields that differ."""
-    from warmup.callback import WarmupCallback
+    from warmup.callback.observer import WarmupCallback
 
     dest = pulled_into(tmp_path / "cache", spec, exact, plan_spec(spec).signatures)
     callback = WarmupCallback(spec, cache_dir=dest)

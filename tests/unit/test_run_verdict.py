@@ -14,9 +14,9 @@ import pytest
 from tests.fixtures.factories import one_signature_sft
 from tests.support.live_server import serve
 from tests.support.tiny_model import write_tiny_model
-from warmup import trace_skip
 from warmup.api.services import Services
-from warmup.callback import WarmupCallback
+from warmup.callback import timings
+from warmup.callback.observer import WarmupCallback
 from warmup.settings import Settings
 from warmup.spec import Spec, load_spec
 
@@ -32,7 +32,7 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> Spec:
 
 @pytest.fixture(autouse=True)
 def no_verdict_said_yet(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trace_skip, "_VERDICT_SAID", [])
+    monkeypatch.setattr(timings, "_VERDICT_SAID", [])
 
 
 def ended(spec: Spec, tmp_path: Path, server: str | None) -> WarmupCallback:
@@ -45,7 +45,7 @@ def ended(spec: Spec, tmp_path: Path, server: str | None) -> WarmupCallback:
 def verdict(capsys: pytest.CaptureFixture[str]) -> str:
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines and re.match(VERDICT, lines[-1]), lines
-    assert trace_skip._VERDICT_SAID  # so exec's exit line does not follow it
+    assert timings._VERDICT_SAID  # so exec's exit line does not follow it
     return lines[-1]
 
 
@@ -82,13 +82,13 @@ def test_a_posted_report_is_named_with_its_job_short_id(spec, tmp_path, capsys, 
 def test_without_a_callback_exec_ends_with_the_fresh_compile_count_and_after_a_verdict_with_nothing(capsys):
     """exec's exit line (warmup/_sitecustomize, at the first torch.compile): where the compile time went and
     Inductor's cache misses, the verdict of a run no WarmupCallback watches; after a verdict it is not printed."""
-    trace_skip._exit_line()
+    timings.exit_line()
     line = capsys.readouterr().err.strip()
     assert re.fullmatch(
         r"trl-warmup: trace [\d.]+ s, backend [\d.]+ s, cache load [\d.]+ s(, first step [\d.]+ s)?; "
         r"\d+ fresh compile\(s\) \(Inductor cache misses\)",
         line,
     ), line
-    trace_skip.verdict_said()
-    trace_skip._exit_line()
+    timings.verdict_said()
+    timings.exit_line()
     assert capsys.readouterr().err == ""

@@ -1,4 +1,4 @@
-"""The trace skip's bookkeeping (warmup/trace_skip.py) without compiling: what keys an artifact, which
+"""The trace skip's bookkeeping (warmup/trace_skip/) without compiling: what keys an artifact, which
 guards are kept, which files a training process considers, and what it says when it cannot skip."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from warmup import trace_skip
+from warmup.callback import timings as timing_report
+from warmup.trace_skip import artifacts, capture, losses, serve, split
 
 
 @dataclass
@@ -27,9 +28,9 @@ class _Model:
 
 
 def test_the_config_digest_changes_with_one_field_and_not_with_where_the_model_came_from():
-    base = trace_skip.config_digest(_Model())
-    assert trace_skip.config_digest(_Model(rms_norm_eps=1e-5)) != base
-    assert trace_skip.config_digest(_Model(_name_or_path="/other/checkpoint", use_cache=False)) == base
+    base = artifacts.config_digest(_Model())
+    assert artifacts.config_digest(_Model(rms_norm_eps=1e-5)) != base
+    assert artifacts.config_digest(_Model(_name_or_path="/other/checkpoint", use_cache=False)) == base
 
 
 class _PeftModel:
@@ -49,13 +50,13 @@ class _PeftModel:
 
 def test_an_adapted_models_digest_holds_its_adapters_settings_but_not_where_they_came_from():
     model = _Model()
-    adapted, adapters = trace_skip.adapted_model(_PeftModel(model, target_modules={"q_proj", "v_proj"}))
-    assert adapted is model and trace_skip.adapted_model(model) == (model, {})
-    digest = trace_skip.config_digest(model, adapters)
-    assert digest != trace_skip.config_digest(model)
+    adapted, adapters = split.adapted_model(_PeftModel(model, target_modules={"q_proj", "v_proj"}))
+    assert adapted is model and split.adapted_model(model) == (model, {})
+    digest = artifacts.config_digest(model, adapters)
+    assert digest != artifacts.config_digest(model)
 
     def other(**settings: object) -> str:
-        return trace_skip.config_digest(model, trace_skip.adapted_model(_PeftModel(model, **settings))[1])
+        return artifacts.config_digest(model, split.adapted_model(_PeftModel(model, **settings))[1])
 
     assert other(target_modules={"v_proj", "q_proj"}, base_model_name_or_path="/user/weights") == digest
     assert other(target_modules={"q_proj", "v_proj"}, r=16) != digest
@@ -70,7 +71,7 @@ class _Guard:
 
 
 def test_the_saved_guards_are_the_arguments_and_the_global_state_less_what_cannot_be_serialised():
-    keep = trace_skip.guard_filter(frozenset({"func", "old_name"}))
+    keep = artifacts.guard_filter(frozenset({"func", "old_name"}))
     guards = [
         _Guard("kwargs['input_ids']", "TENSOR_MATCH"),
         _Guard("args[0].config.use_cache", "CONSTANT_MATCH"),
@@ -86,66 +87,66 @@ def test_the_saved_guards_are_the_arguments_and_the_global_state_less_what_canno
 def _artifact(folder: Path, name: str, **record: object) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.aot").write_bytes(b"artifact")
-    meta = {"format": trace_skip.FORMAT, "module": "m.Backbone", "config": "c", "call": "x", **record}
+    meta = {"format": artifacts.FORMAT, "module": "m.Backbone", "config": "c", "call": "x", **record}
     (folder / f"{name}.json").write_text(json.dumps(meta))
 
 
 def test_a_training_process_considers_only_complete_artifacts_of_its_format(tmp_path):
-    folder = tmp_path / trace_skip.TRACE_DIR
+    folder = tmp_path / artifacts.TRACE_DIR
     _artifact(folder, "a" * 32)
-    _artifact(folder, "b" * 32, format=trace_skip.FORMAT + 1)
+    _artifact(folder, "b" * 32, format=artifacts.FORMAT + 1)
     _artifact(folder, "c" * 32)
     (folder / f"{'c' * 32}.aot").unlink()
-    (folder / trace_skip.SPLIT_MARKER).write_text("{}")
-    records = trace_skip.TraceSkip(tmp_path).records()
+    (folder / artifacts.SPLIT_MARKER).write_text("{}")
+    records = serve.TraceSkip(tmp_path).records()
     assert [path.name for path, _ in records] == [f"{'a' * 32}.aot"]
 
 
 def test_the_switch_still_splits_as_the_warm_up_did_and_loads_nothing(tmp_path, monkeypatch, caplog):
-    _artifact(tmp_path / trace_skip.TRACE_DIR, "a" * 32)
-    (tmp_path / trace_skip.TRACE_DIR / trace_skip.SPLIT_MARKER).write_text("{}")
-    monkeypatch.setenv(trace_skip.ENV_VAR, "0")
-    monkeypatch.setattr(trace_skip, "_ACTIVE", [])
+    _artifact(tmp_path / artifacts.TRACE_DIR, "a" * 32)
+    (tmp_path / artifacts.TRACE_DIR / artifacts.SPLIT_MARKER).write_text("{}")
+    monkeypatch.setenv(split.ENV_VAR, "0")
+    monkeypatch.setattr(serve, "_ACTIVE", [])
     hooks: list[object] = []
-    monkeypatch.setattr(trace_skip, "_on_compiled_module", hooks.append)
+    monkeypatch.setattr(serve, "on_compiled_module", hooks.append)
     with caplog.at_level(logging.WARNING, logger="warmup.trace_skip"):
-        state = trace_skip.enable(tmp_path)
+        state = serve.enable(tmp_path)
     # the backbone is split (the warmed graphs), and the artifacts are left alone
-    assert hooks == [state.wrap] and trace_skip.active() is state
-    assert state.off == f"{trace_skip.ENV_VAR}=0" and state.available == 1
+    assert hooks == [state.wrap] and serve.active() is state
+    assert state.off == f"{split.ENV_VAR}=0" and state.available == 1
     assert [r.getMessage() for r in caplog.records] == [
-        f"trace skip off: {trace_skip.ENV_VAR}=0; Dynamo traces the backbone compiled on its own, as the warm-up "
+        f"trace skip off: {split.ENV_VAR}=0; Dynamo traces the backbone compiled on its own, as the warm-up "
         "split it, and the warmed cache serves it"
     ]
     state.misses = 3
-    assert state.describe() == f"trace skip off ({trace_skip.ENV_VAR}=0); 3 call(s) traced"
+    assert state.describe() == f"trace skip off ({split.ENV_VAR}=0); 3 call(s) traced"
 
 
 def test_a_cache_warmed_without_the_split_turns_it_off_and_says_why_once(tmp_path, caplog):
-    _artifact(tmp_path / trace_skip.TRACE_DIR, "a" * 32)
+    _artifact(tmp_path / artifacts.TRACE_DIR, "a" * 32)
     with caplog.at_level(logging.WARNING, logger="warmup.trace_skip"):
-        state = trace_skip.enable(tmp_path)
+        state = serve.enable(tmp_path)
     assert state.off == "the cache was warmed without it"
     assert state.describe() == "trace skip off (the cache was warmed without it)"
     assert [r.getMessage() for r in caplog.records] == [
         "trace skip off: the cache was warmed without it; Dynamo traces every graph, the warmed cache serves it"
     ]
-    assert trace_skip.active() is None
+    assert serve.active() is None
 
 
 def test_the_switch_turns_it_off(monkeypatch):
-    monkeypatch.setenv(trace_skip.ENV_VAR, "0")
-    assert trace_skip.unavailable_reason() == f"{trace_skip.ENV_VAR}=0"
+    monkeypatch.setenv(split.ENV_VAR, "0")
+    assert split.unavailable_reason() == f"{split.ENV_VAR}=0"
 
 
 def test_what_a_run_reports(tmp_path):
-    state = trace_skip.TraceSkip(tmp_path, available=3, loaded=2, hits=5, misses=1, load_seconds=0.25)
+    state = serve.TraceSkip(tmp_path, available=3, loaded=2, hits=5, misses=1, load_seconds=0.25)
     state.refuse("for another model config")
     assert state.describe() == (
         "trace skip: 5 call(s) served without tracing, 1 traced; 2 of 3 artifact(s) loaded in 0.25 s; "
         "refused: 1 for another model config"
     )
-    timings = trace_skip.compile_timings(first_step_s=1.5)
+    timings = timing_report.compile_timings(first_step_s=1.5)
     assert set(timings) >= {"trace_s", "backend_s", "cache_load_s", "first_step_s"}
     assert timings["first_step_s"] == 1.5
 
@@ -156,7 +157,7 @@ def test_a_call_is_described_by_what_a_graph_specialises_on(grad):
 
     module = torch.nn.Linear(2, 2).train(grad)
     with torch.set_grad_enabled(grad):
-        text = trace_skip.describe_call(
+        text = artifacts.describe_call(
             module, (torch.zeros(4, 8, dtype=torch.long),), {"use_cache": False, "n": 3}
         )
     mode = "train;grad" if grad else "eval;no_grad"
@@ -168,17 +169,17 @@ def test_the_numeric_check_is_bitwise_where_a_fresh_compile_reproduces_itself_an
 
     out, grad = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.25])
     nudged = out + torch.tensor([0.0, 2e-7])
-    assert trace_skip._differences([[out, None], [out, None]], [out, None], exact=True) is None
-    problem = trace_skip._differences([[out], [out]], [nudged], exact=True)
+    assert capture._differences([[out, None], [out, None]], [out, None], exact=True) is None
+    problem = capture._differences([[out], [out]], [nudged], exact=True)
     assert problem is not None and "differs from a fresh compile's (bitwise" in problem
-    assert trace_skip._differences([[out], [out]], [nudged], exact=False) is None
+    assert capture._differences([[out], [out]], [nudged], exact=False) is None
     # a value the fresh compile does not reproduce (a parallel scatter-add): bounded by its own spread
     wobble = grad + torch.tensor([1e-6, 0.0])
-    assert trace_skip._differences([[grad], [wobble]], [grad - 2e-6], exact=True) is None
-    assert trace_skip._differences([[grad], [grad], [wobble]], [grad - 2e-6], exact=True) is None
-    far = trace_skip._differences([[grad], [wobble]], [grad + 1e-3], exact=True)
+    assert capture._differences([[grad], [wobble]], [grad - 2e-6], exact=True) is None
+    assert capture._differences([[grad], [grad], [wobble]], [grad - 2e-6], exact=True) is None
+    far = capture._differences([[grad], [wobble]], [grad + 1e-3], exact=True)
     assert far is not None and "beyond 4x its own spread" in far
-    missing = trace_skip._differences([[out, grad], [out, grad]], [out, None], exact=True)
+    missing = capture._differences([[out, grad], [out, grad]], [out, None], exact=True)
     assert missing == "value 1: a gradient is missing on one side"
 
 
@@ -198,12 +199,12 @@ def _checked(monkeypatch, fresh_runs, served):
         threads.append(1 if omp.omp_get_max_active_levels() == 0 else torch.get_num_threads())
         return next(values)
 
-    monkeypatch.setattr(trace_skip, "_run", run)
+    monkeypatch.setattr(capture, "_run", run)
     module = torch.nn.Linear(1, 1)
     split = types.SimpleNamespace(module=module, compiled=None)
     call = types.SimpleNamespace(split=split, args=(), kwargs={}, grad=True, training=True)
     loaded = types.SimpleNamespace(guard_check=lambda *a, **k: True)
-    return trace_skip.compare(call, loaded, exact=True), threads
+    return capture.compare(call, loaded, exact=True), threads
 
 
 def test_the_numeric_check_runs_every_kernel_on_one_thread_and_refuses_any_other_bit(monkeypatch):
@@ -227,7 +228,7 @@ def test_serial_kernels_hold_openmp_teams_to_one_thread_without_tripping_dynamos
     omp = ctypes.CDLL("libgomp.so.1")  # torch's CPU build loads it (its own copy, under this soname)
     levels = omp.omp_get_max_active_levels()
     state = torch._C._dynamo.guards.GlobalStateGuard()  # what a compiled frame checks before it runs
-    with trace_skip.serial_kernels():
+    with capture.serial_kernels():
         assert omp.omp_get_max_active_levels() == 0  # even a team of num_threads(N) gets one thread
         # the thread count is among Dynamo's guards: changing it would compile the fresh side again
         assert state.check(), state.reason()
@@ -235,21 +236,21 @@ def test_serial_kernels_hold_openmp_teams_to_one_thread_without_tripping_dynamos
 
 
 def test_the_first_step_clock_times_the_first_step_only(monkeypatch):
-    monkeypatch.setattr(trace_skip, "_FIRST_STEP", [])
-    clock = trace_skip.first_step_clock()
-    assert trace_skip.timed_first_step() is None
+    monkeypatch.setattr(timing_report, "_FIRST_STEP", [])
+    clock = timing_report.first_step_clock()
+    assert timing_report.timed_first_step() is None
     clock.on_step_begin(None, None, None)
     clock.on_step_end(None, None, None)
-    first = trace_skip.timed_first_step()
+    first = timing_report.timed_first_step()
     assert first is not None and first >= 0
     clock.on_step_begin(None, None, None)
     clock.on_step_end(None, None, None)
-    assert trace_skip.timed_first_step() == first
+    assert timing_report.timed_first_step() == first
 
 
 def test_a_rehearsal_says_in_one_line_what_its_trace_skip_did_not_keep():
-    assert trace_skip.loss_line([{"stored": True}], None) == ""
-    assert trace_skip.loss_line([], "a job of 2 processes") == "trace skip off: a job of 2 processes"
+    assert losses.loss_line([{"stored": True}], None) == ""
+    assert losses.loss_line([], "a job of 2 processes") == "trace skip off: a job of 2 processes"
     checkpoint = (
         "Unsupported: HOP: Unsafe side effect\n  Explanation: Mutating a variable from outside the scope of this HOP"
         " ... torch.utils.checkpoint.checkpoint ..."
@@ -257,36 +258,36 @@ def test_a_rehearsal_says_in_one_line_what_its_trace_skip_did_not_keep():
     kernels = (
         "RuntimeError: Function <locals>.Kernelized cannot be saved ... since it's defined in local scope"
     )
-    line = trace_skip.loss_line([{"stored": True}, {"stored": False, "reason": checkpoint}], None)
+    line = losses.loss_line([{"stored": True}, {"stored": False, "reason": checkpoint}], None)
     assert line == (
         "trace not kept for 1 of 2 call(s): torch cannot trace non-reentrant gradient checkpointing "
         "(use_reentrant: false) as one graph (HOP: Unsafe side effect)"
     )
-    assert "transformers' hub kernels" in trace_skip.loss_line([{"stored": False, "reason": kernels}], None)
+    assert "transformers' hub kernels" in losses.loss_line([{"stored": False, "reason": kernels}], None)
     lora = (
         "Unsupported: returning intermediate with requires_grad_()\n  Explanation: An intermediate tensor ..."
     )
-    assert "enable_input_require_grads" in trace_skip.loss_line([{"stored": False, "reason": lora}], None)
-    other = trace_skip.loss_line([{"stored": False, "reason": "TypeError: something new\nmore"}], None)
+    assert "enable_input_require_grads" in losses.loss_line([{"stored": False, "reason": lora}], None)
+    other = losses.loss_line([{"stored": False, "reason": "TypeError: something new\nmore"}], None)
     assert other == "trace not kept for 1 of 1 call(s): TypeError: something new"
 
 
 def test_a_recorder_names_why_a_compiled_model_kept_no_trace():
-    assert trace_skip.Recorder().lost() is None  # nothing compiled: nothing to say
-    several = trace_skip.Recorder(off=trace_skip.predicted_loss(world_size=4))
+    assert capture.Recorder().lost() is None  # nothing compiled: nothing to say
+    several = capture.Recorder(off=losses.predicted_loss(world_size=4))
     several.models = 1
     assert several.lost() is not None and several.lost().startswith("a job of 4 processes")
-    unsplit = trace_skip.Recorder()
+    unsplit = capture.Recorder()
     unsplit.models = 1
-    assert unsplit.lost() == trace_skip.NO_BACKBONE
-    assert trace_skip.predicted_loss(world_size=1) is None  # a LoRA job's too: its backbone splits
+    assert unsplit.lost() == losses.NO_BACKBONE
+    assert losses.predicted_loss(world_size=1) is None  # a LoRA job's too: its backbone splits
 
 
 def test_a_training_run_reports_why_its_trace_skip_was_off(tmp_path, monkeypatch):
-    state = trace_skip.TraceSkip(tmp_path, off="WARMUP_TRACE_SKIP=0", misses=2)
+    state = serve.TraceSkip(tmp_path, off="WARMUP_TRACE_SKIP=0", misses=2)
     state.refuse("not loadable (EOFError)")
-    monkeypatch.setattr(trace_skip, "_ACTIVE", [state])
-    timings = trace_skip.compile_timings()
+    monkeypatch.setattr(serve, "_ACTIVE", [state])
+    timings = timing_report.compile_timings()
     assert (timings["served_untraced"], timings["traced"]) == (0, 2)
     assert timings["trace_skip_off"] == "WARMUP_TRACE_SKIP=0"
     assert timings["trace_refused"] == {"not loadable (EOFError)": 1}

@@ -15,7 +15,7 @@ Dynamo's first compile wait for the download (warmup/client/background.py). Unde
 layout (WARMUP_KERNEL_LAYOUT) a fourth puts it into Inductor as its code cache is imported (warmup/layout.py):
 kernels keyed by the content of torch's and Python's installs, as the warm-up keyed them, and no
 precompiled header built unless a kernel is. When the cache holds trace artifacts, a fifth makes the models
-torch.compile wraps run them (warmup/trace_skip.py), as `warmup.activate` does.
+torch.compile wraps run them (warmup/trace_skip/), as `warmup.activate` does.
 
 It then runs the `sitecustomize` that was next on the path, if any, so that an image's own
 customisation still runs. Standard library only as it is imported (the hooks reach torch and transformers
@@ -61,8 +61,8 @@ def _trainers(module: ModuleType) -> None:
 
     def wrap(init: Any) -> Any:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            from warmup.callback import WarmupCallback
-            from warmup.trace_skip import first_step_clock
+            from warmup.callback.observer import WarmupCallback
+            from warmup.callback.timings import first_step_clock
 
             given = kwargs.get("callbacks") or ()
             # Built before the trainer, as a script passing `callbacks=[...]` does (planning keeps accelerate's
@@ -106,12 +106,13 @@ def _canonical_kernel_layout(module: ModuleType) -> None:
 
 
 def _skip_warmed_traces(module: ModuleType) -> None:
-    """A warmed cache with trace artifacts (warmup/trace_skip.py): the first model torch.compile wraps gets
+    """A warmed cache with trace artifacts (warmup/trace_skip/): the first model torch.compile wraps gets
     them, once the download beside the command is done; under WARMUP_TRACE_SKIP=0 its backbone is split as
-    the warm-up split it, without them."""
-    from warmup.trace_skip import enable_when_compiled
+    the warm-up split it, without them. At exit, where the compile time went."""
+    from warmup.callback.timings import exit_line
+    from warmup.trace_skip.serve import enable_when_compiled
 
-    enable_when_compiled(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    enable_when_compiled(os.environ["TORCHINDUCTOR_CACHE_DIR"], exit_line)
 
 
 AFTER_IMPORT = {
@@ -170,7 +171,7 @@ if os.environ.get("WARMUP_PULL_OUTCOME") and "torch._dynamo.callback" not in sys
     _hooked.add("torch._dynamo.callback")
 if os.environ.get("WARMUP_KERNEL_LAYOUT") == "1" and "torch._inductor.codecache" not in sys.modules:
     _hooked.add("torch._inductor.codecache")
-# also under WARMUP_TRACE_SKIP=0: the backbone must be split as the warm-up split it (warmup/trace_skip.py)
+# also under WARMUP_TRACE_SKIP=0: the backbone must be split as the warm-up split it (warmup/trace_skip/)
 trace_skip = bool(os.environ.get("TORCHINDUCTOR_CACHE_DIR")) and "WARMUP_SPEC" in os.environ
 if trace_skip and "torch._dynamo.eval_frame" not in sys.modules:
     _hooked.add("torch._dynamo.eval_frame")

@@ -23,7 +23,7 @@ caches start below Dynamo (the NEFF lookup, keyed by the StableHLO), so a warmed
 every phase with Dynamo and AOTAutograd and lowers it to StableHLO before the NEFF is found. The HLO
 cache (TORCH_NEURONX_HLO_CACHE_DIR, seen in 2026 code, not in the documentation read) is put inside the
 cache dir, so that it travels with the entry and spares the lowering; the trace itself is skipped as
-under Inductor, by the backbone artifacts of warmup/trace_skip.py, which go under `trace/`.
+under Inductor, by the backbone artifacts of warmup/trace_skip/, which go under `trace/`.
 
 Fresh compiles are counted from `torch_neuronx._C._get_compilation_cache_stats()` (persistent misses)
 when available, and from `.neff` files appearing in the cache dir.

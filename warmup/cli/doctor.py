@@ -101,13 +101,13 @@ def features() -> dict[str, str | None]:
     if ml:
         off["trace skip"] = ml
     else:
-        from warmup.trace_skip import unavailable_reason
+        from warmup.trace_skip.split import unavailable_reason
 
         off["trace skip"] = unavailable_reason()
         if (
             _installed("kernels") is not None
         ):  # transformers' hub kernels, a dependency from transformers 5.25 on
-            from warmup.trace_skip import hub_kernels_checkpoint_loss, hub_kernels_loss
+            from warmup.trace_skip.losses import hub_kernels_checkpoint_loss, hub_kernels_loss
 
             off["trace skip of a model using hub kernels (Qwen3 and others)"] = hub_kernels_loss()
             off["... under gradient checkpointing"] = hub_kernels_checkpoint_loss()

@@ -16,7 +16,7 @@ from warmup.planner.common import MAX_SIGNATURES, PlanBuilder
 from warmup.planner.estimate import estimate_seconds
 from warmup.signature import Plan
 from warmup.spec import SUPPORTED_NEURON_CORE_GROUPS, Spec
-from warmup.trace_skip import predicted_loss
+from warmup.trace_skip.losses import predicted_loss
 from warmup.trainers.registry import family
 from warmup.trl_args import TrainerArgs, resolve_trainer_args
 
@@ -53,7 +53,7 @@ def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts |
 
 
 def _trace_skip_warning(plan: PlanBuilder) -> None:
-    """A compiled job whose warm-up will keep no trace (warmup/trace_skip.py) says so before it is warmed."""
+    """A compiled job whose warm-up will keep no trace (warmup/trace_skip/) says so before it is warmed."""
     reason = predicted_loss(world_size=plan.world_size)
     if plan.args.compile_backend is not None and reason is not None:
         plan.warn(

@@ -52,7 +52,7 @@ from warmup.rehearsal.data import (
 )
 from warmup.rehearsal.units import RehearsalUnit
 from warmup.spec import Spec
-from warmup.trace_skip import start_recording
+from warmup.trace_skip.capture import start_recording
 from warmup.trainers.record import TrainerFamily
 from warmup.trainers.registry import family
 from warmup.trl_args import config_class
@@ -138,7 +138,7 @@ def run(job: RunJob, progress: Path | None = None) -> dict[str, Any]:
     # Before anything compiles: the same settings warmup.activate() applies in a training process.
     backend.configure_process(job.cache_dir, job.plan_size)
     counter = backend.counter(job.cache_dir)
-    # one process: each backbone call is also kept traced (warmup/trace_skip.py; on Neuron unverified)
+    # one process: each backbone call is also kept traced (warmup/trace_skip/; on Neuron unverified)
     recorder = start_recording(_world_size())
     use_weights_from_config()
     trainer, observed = build_trainer(job)

@@ -64,7 +64,7 @@ from warmup.rehearsal.zygote import EVENT_PREFIX, run_paths
 from warmup.signature import Signature
 from warmup.spec import Spec
 from warmup.toolchain.model import Toolchain
-from warmup.trace_skip import loss_line
+from warmup.trace_skip.losses import loss_line
 
 Status = Literal["ok", "failed", "timed_out"]
 LOG_TAIL_CHARS = 4000
@@ -93,7 +93,7 @@ class SignatureResult(BaseModel):
     permanent: bool = Field(False, description="Failed in a way another attempt repeats: not retried.")
     trace_lost: str = Field(
         "",
-        description="Why the trace skip keeps none or only some of the run's calls, in one line (warmup/trace_skip.py).",
+        description="Why the trace skip keeps none or only some of the run's calls, in one line (warmup/trace_skip/).",
     )
 
     @property

@@ -1,6 +1,6 @@
 """`WarmupCallback`: what a real training run met, what it still compiled, reported to the service.
 
-    from warmup.callback import WarmupCallback
+    from warmup import WarmupCallback
     trainer = SFTTrainer(..., callbacks=[WarmupCallback("job.yaml", server="http://warmup:8000")])
 
 Under `warmup exec`, `WarmupCallback()` needs no arguments: the spec, the server (WARMUP_SERVER) and
@@ -47,18 +47,16 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
+from warmup.callback.report import MAX_LISTED_FILES, Shape, label, post_report, report_toolchain, write_report
+from warmup.callback.strict import nothing_pulled, recompiled, strict_by_default, would_compile
+from warmup.callback.timings import compile_timings  # Dynamo's timers: any torch.compile backend
 from warmup.diagnosis import Diagnosis, RunFacts, args_differences, diagnose
-from warmup.errors import UnwarmedCompileError, WarmupError
+from warmup.errors import WarmupError
 
 if TYPE_CHECKING:
     from warmup.activation import ToolchainCheck
 
 log = logging.getLogger("warmup.callback")
-STRICT_ENV = "WARMUP_STRICT"  # `warmup exec --strict` sets it for the training process
-
-Shape = tuple[str, int, int]  # phase, batch, seq_len
-REPORT_NAME = "warmup-coverage.json"
-MAX_LISTED_FILES = 20
 
 
 @dataclass
@@ -118,7 +116,7 @@ class WarmupCallback(TrainerCallback):
         self.last_report: dict[str, Any] | None = None
         self.last_response: dict[str, Any] | None = None
         # Strict: stop at once, rather than compile, when training meets a graph the cache does not hold.
-        self.strict = _flag(os.environ.get(STRICT_ENV)) if strict is None else strict
+        self.strict = strict_by_default() if strict is None else strict
         self._verified = False
         self._toolchain_check: ToolchainCheck | None = None
         self._warmed: set[str] | None = None  # signature keys the pulled cache holds (None: no pull seen)
@@ -228,11 +226,7 @@ class WarmupCallback(TrainerCallback):
                 self._warmed = set(warmed.get("entries") or {})
         if manifest is None and self._warmed is None:
             if self.strict:
-                error = UnwarmedCompileError(
-                    f"strict: no cache of this spec was pulled into {self.cache_dir}, so every compile "
-                    "would be one that was not warmed: pull it first (`warmup exec --strict` does), or "
-                    "train without strict"
-                )
+                error = nothing_pulled(self.cache_dir)
                 self.report("refused", error)
                 raise error
             return
@@ -287,9 +281,7 @@ class WarmupCallback(TrainerCallback):
     def _refuse(self, shape: Shape, what: str) -> None:
         diagnosis = self._diagnose(shape)
         self._refused = shape
-        error = UnwarmedCompileError(
-            f"strict: {_label(shape)} {what} and training stops rather than compile it: {diagnosis.sentence()}"
-        )
+        error = would_compile(shape, what, diagnosis)
         self.report("refused", error)
         raise error
 
@@ -381,18 +373,15 @@ class WarmupCallback(TrainerCallback):
         if self.strict and not self._reported:
             if pending:
                 self._refuse(sorted(pending)[0], "compiled although the cache holds it")
-            recompiled = UnwarmedCompileError(
-                f"strict: training compiled again at step {self._step} with no new shape (a recompile the "
-                "plan does not foresee: a guard failed, or the graph broke); training stops"
-            )
-            self.report("refused", recompiled)
-            raise recompiled
+            again = recompiled(self._step)
+            self.report("refused", again)
+            raise again
 
     def _warn_once(self, shape: Shape) -> None:
         if shape in self._warned:
             return
         self._warned.add(shape)
-        label = _label(shape)
+        named = label(shape)
         diagnosis = self._diagnose(shape)
         if shape not in self._planned:
             then = (
@@ -402,7 +391,7 @@ class WarmupCallback(TrainerCallback):
             )
             log.warning(
                 "trl-warmup: %s compiled during training and the plan of this spec did not list it: %s; %s",
-                label,
+                named,
                 diagnosis.sentence(),
                 then,
             )
@@ -410,14 +399,14 @@ class WarmupCallback(TrainerCallback):
             log.warning(
                 "trl-warmup: %s was planned but compiled during training: the cache in %s does not hold it "
                 "(pulled with --allow-partial, or not pulled); %s",
-                label,
+                named,
                 self.cache_dir,
                 diagnosis.sentence(),
             )
         else:
             log.warning(
                 "trl-warmup: %s compiled during training although the cache in %s holds it: %s",
-                label,
+                named,
                 self.cache_dir,
                 diagnosis.sentence(),
             )
@@ -438,7 +427,7 @@ class WarmupCallback(TrainerCallback):
         for shape, seen in sorted(observed.items()):
             signature = self._signature_for(shape)
             if signature is None:
-                unmatched.append(_label(shape))
+                unmatched.append(label(shape))
                 continue
             key = signature.key()
             met[key] = None
@@ -453,10 +442,10 @@ class WarmupCallback(TrainerCallback):
             "host": socket.gethostname(),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "shapes": {
-                _label(shape): {"step": seen.step, "compiled": seen.compiled}
+                label(shape): {"step": seen.step, "compiled": seen.compiled}
                 for shape, seen in sorted(self._met.items())
             },
-            "unplanned": sorted(_label(s) for s in self._met if s not in self._planned),
+            "unplanned": sorted(label(s) for s in self._met if s not in self._planned),
             "unmatched": unmatched,
             "cache_dir": str(self.cache_dir),
         }
@@ -464,14 +453,12 @@ class WarmupCallback(TrainerCallback):
             details["fresh"] = {name: count for name, count in fresh.counts.items() if count}
             details["new_files"] = len(fresh.new_files)
             details["new_files_first"] = list(fresh.new_files[:MAX_LISTED_FILES])
-        from warmup.trace_skip import compile_timings  # Dynamo's timers: any torch.compile backend
-
         details["timings"] = compile_timings(self._first_step_s)
         if self._timed_steps:
             details["timed_steps"] = {"count": self._timed_steps, "seconds": round(self._timed_seconds, 6)}
         if self._why:
             details["why"] = {
-                _label(shape): diagnosis.as_json() for shape, diagnosis in sorted(self._why.items())
+                label(shape): diagnosis.as_json() for shape, diagnosis in sorted(self._why.items())
             }
         check = self._toolchain_check
         if check is not None and check.differences:
@@ -486,32 +473,17 @@ class WarmupCallback(TrainerCallback):
         if self.strict:
             details["strict"] = True
         if self._refused is not None:
-            details["refused"] = _label(self._refused)
+            details["refused"] = label(self._refused)
         if error:
             details["error"] = error[:2000]
         return {
             "spec": self.spec.model_dump(mode="json"),
-            "toolchain": self._toolchain(),
+            "toolchain": report_toolchain(self.cache_dir, self.spec),
             "met": list(met),
             "missed": list(missed.values()),
             "fresh_compiles": fresh.total if fresh is not None else 0,
             "details": details,
         }
-
-    def _toolchain(self) -> dict[str, Any]:
-        """The toolchain the cache was pulled for (the pod's, as `warmup pull` computed it); else this
-        process's own."""
-        from warmup.client.local import read_local_manifest
-
-        manifest = read_local_manifest(self.cache_dir, self.spec.key())
-        if manifest is not None:
-            return manifest.toolchain
-        from warmup.toolchain.probes import current_toolchain
-
-        target = self.spec.target
-        return current_toolchain(target.backend, target.device, world_size=target.world_size).model_dump(
-            mode="json"
-        )
 
     def report(
         self, status: str = "completed", error: BaseException | str | None = None
@@ -533,41 +505,15 @@ class WarmupCallback(TrainerCallback):
             log.warning("trl-warmup: could not build the coverage report: %s", failure)
             return None
         self.last_report = body
-        written = self._write(body)
+        written = write_report(self._output_dir, body)
         speaks = body["details"]["rank"] == 0 or body["details"]["local_rank"] == 0
         if not speaks and not body["missed"] and not body["fresh_compiles"]:
             return (
                 None  # the first rank of each node speaks for its copy; others only when they saw something
             )
-        warm = len(body["met"]) - len(body["missed"])  # every missed signature is a met one
-        summary = (
-            f"trl-warmup: {status}: met {len(body['met'])} signature(s), {warm} warm, "
-            f"{len(body['missed'])} missed, {body['fresh_compiles']} fresh compile(s)"
+        self.last_response = post_report(
+            body, status, written, server=self.server, token=self.token, timeout_s=self.timeout_s
         )
-        if "timings" in body["details"]:
-            from warmup.trace_skip import describe_timings
-
-            summary += f"; {describe_timings(body['details']['timings'])}"
-        if not self.server:  # a run without a service (a directory `warmup warm` filled): nothing to post
-            _say_verdict(summary + (f"; report written to {written}" if written else ""))
-            return None
-        try:
-            from warmup.client.service import ServiceClient
-
-            with ServiceClient(self.server, token=self.token, timeout=self.timeout_s, attempts=2) as client:
-                self.last_response = client.post_coverage(body)
-        except Exception as failure:  # the service being down must never fail training
-            _say_verdict(f"{summary}; the report could not be posted to {self.server}: {failure}")
-            return None
-        from warmup.formatting import short_id
-
-        job = self.last_response.get("job_id")
-        _say_verdict(
-            f"{summary}; report {self.last_response.get('report_id')} posted"
-            + (f" for job {short_id(job)}" if job else "")
-        )
-        for why in (self.last_response.get("unwarmable") or {}).values():
-            log.warning("trl-warmup: the service records it, but cannot warm it from this spec: %s", why)
         return self.last_response
 
     def _report_at_exit(self) -> None:
@@ -575,29 +521,6 @@ class WarmupCallback(TrainerCallback):
             return
         error = getattr(sys, "last_value", None)
         self.report("failed", error or "the process ended before training did")
-
-    def _write(self, body: dict[str, Any]) -> Path | None:
-        """The report in the run's output_dir; where it was written, if it was."""
-        if self._output_dir is None:
-            return None
-        rank = body["details"]["rank"]
-        name = REPORT_NAME if rank == 0 else REPORT_NAME.replace(".json", f".rank{rank}.json")
-        try:
-            self._output_dir.mkdir(parents=True, exist_ok=True)
-            (self._output_dir / name).write_text(json.dumps(body, indent=1))
-        except OSError as error:
-            log.warning("trl-warmup: cannot write %s: %s", self._output_dir / name, error)
-            return None
-        return self._output_dir / name
-
-
-def _say_verdict(line: str) -> None:
-    """The run's verdict, on stderr whatever the logging set-up: the last line a run under `warmup exec`
-    prints (it carries the compile timings, so exec's own exit line is not printed after it)."""
-    from warmup.trace_skip import verdict_said
-
-    print(line, file=sys.stderr, flush=True)
-    verdict_said()
 
 
 def _shape_of(
@@ -635,10 +558,6 @@ def _innermost(module: Any) -> Any:
     return module
 
 
-def _flag(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def _run_facts(model: Any, args: Any, spec_args: dict[str, Any]) -> RunFacts:
     """The graph-relevant settings of the model training runs, as the signature names them, and the run's
     arguments that shape its batches where they differ from the spec's."""
@@ -660,10 +579,6 @@ def _run_facts(model: Any, args: Any, spec_args: dict[str, Any]) -> RunFacts:
 
 def _optional_bool(value: Any) -> bool | None:
     return None if value is None else bool(value)
-
-
-def _label(shape: Shape) -> str:
-    return f"{shape[0]} {shape[1]}x{shape[2]}"
 
 
 __all__ = ["WarmupCallback"]

@@ -1,0 +1,71 @@
+"""Why a job keeps no trace, or only some of it: what its spec predicts, what torch's refusals mean for the
+user, and the one line a rehearsal ends with."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from warmup._compat import kernels as compat_kernels
+
+log = logging.getLogger(__name__)
+
+NO_BACKBONE = "the compiled model has no plain backbone to split (hooks on the backbone, or no base_model)"
+
+
+def predicted_loss(*, world_size: int) -> str | None:
+    """Why a job keeps no trace, as far as its spec tells (`warmup plan`; the warm-up says it for certain)."""
+    if world_size > 1:
+        return f"a job of {world_size} processes (not captured: one rank's artifacts are not checked for the others)"
+    return None
+
+
+LOCAL_SCOPE = "defined in local scope"
+# What torch's refusals mean for the user, by a phrase of its message (the first line of the message otherwise)
+KNOWN_LOSSES = (
+    (
+        "torch.utils.checkpoint",
+        "torch cannot trace non-reentrant gradient checkpointing (use_reentrant: false) as one graph "
+        "(HOP: Unsafe side effect)",
+    ),
+    (
+        LOCAL_SCOPE,
+        "the model calls a function defined in a local scope (transformers' hub kernels, use_kernelized_func), "
+        "which torch cannot save",
+    ),
+    (
+        "returning intermediate with requires_grad_()",
+        "with gradient checkpointing and a frozen embedding (not a PEFT model's, whose backbone is given the "
+        "embeddings), transformers makes the embedding's output require grad inside the backbone "
+        "(enable_input_require_grads), which torch cannot keep in one graph",
+    ),
+)
+
+
+def hub_kernels_loss() -> str | None:
+    """Why a model calling transformers' hub-kernel functions (Qwen3 and others, where `kernels` is installed)
+    keeps no trace here, None where it keeps it: the seam to kernels does not hold on this version."""
+    problems = compat_kernels.check()
+    return f"{dict(KNOWN_LOSSES)[LOCAL_SCOPE]} ({problems[0]})" if problems else None
+
+
+def hub_kernels_checkpoint_loss() -> str | None:
+    """Why a job under gradient checkpointing of a model calling hub-kernel functions keeps no trace here (None
+    where `kernels` is not installed): kernels sets a context variable inside the checkpoint (non-reentrant, the
+    default from transformers 5.25 on), which torch cannot trace as one graph. The FX/AOT caches still serve it."""
+    if not compat_kernels.installed():
+        return None
+    return f"{dict(KNOWN_LOSSES)['torch.utils.checkpoint']}: kernels sets a context variable inside the checkpoint"
+
+
+def loss_line(trace: list[dict[str, Any]], lost: str | None) -> str:
+    """One line on what a rehearsal's trace skip did not keep ("" when it kept every call it recorded): its
+    reason to keep none (`Recorder.lost`), or how many calls torch refused and why (`CaptureOutcome`)."""
+    if lost:
+        return f"trace skip off: {lost}"
+    refused = [t for t in trace if not t.get("stored")]
+    if not refused:
+        return ""
+    reason = str(refused[0].get("reason", ""))
+    why = next((text for phrase, text in KNOWN_LOSSES if phrase in reason), reason.split("\n", 1)[0][:200])
+    return f"trace not kept for {len(refused)} of {len(trace)} call(s): {why}"
