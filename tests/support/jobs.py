@@ -121,12 +121,10 @@ def known_trace_loss(*, checkpointed: bool = False) -> str | None:
     checkpoint, which torch cannot trace as one graph; and where the seam to kernels does not hold, Qwen3
     calls an object of a class defined in a local scope, which torch cannot save (warmup/_compat/kernels.py,
     docs/compile-caches.md)."""
-    import importlib.util
+    from warmup.trace_skip.losses import KNOWN_LOSSES, hub_kernels_checkpoint_loss, hub_kernels_loss
 
-    from warmup.trace_skip.losses import KNOWN_LOSSES, hub_kernels_loss
-
-    if checkpointed and importlib.util.find_spec("kernels") is not None:
-        return dict(KNOWN_LOSSES)["torch.utils.checkpoint"]
+    if checkpointed and hub_kernels_checkpoint_loss() is not None:
+        return dict(KNOWN_LOSSES)["torch.utils.checkpoint"]  # the reason `warmup warm` reports: torch's part
     return hub_kernels_loss()
 
 
