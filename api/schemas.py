@@ -17,8 +17,8 @@ from pydantic import (
 )
 
 from warmup.advise.data import MAX_TOKENS, LengthsDocument
+from warmup.job.spec import Spec
 from warmup.signature import Signature
-from warmup.spec import Spec
 from warmup.toolchain.model import Toolchain
 
 MAX_REPORTED_SIGNATURES = 4096

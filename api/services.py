@@ -29,15 +29,15 @@ from warmup.db.queue import TaskQueue
 from warmup.db.repository import Repository
 from warmup.db.tokens import TokenStore
 from warmup.errors import PlanTooLargeError, SpecError, WarmupError
+from warmup.job.spec import Spec
+from warmup.job.trl_args import warm_up_trl
 from warmup.planner.estimate import CompileCosts, typical_seconds
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
 from warmup.signature import Plan, Signature
-from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
 from warmup.toolchain.model import Toolchain
 from warmup.trainers.registry import family
-from warmup.trl_args import warm_up_trl
 
 # A revoked token is refused, and a manifest naming a blob the store check found damaged is no longer
 # answered from memory, within this many seconds by every API process: each reads the revocations and the
@@ -213,7 +213,7 @@ class Services:
 
     def warm_up(self) -> None:
         """The seconds of importing TRL and torch, spent before the first request that plans (which waits
-        for it, warmup/trl_args.py)."""
+        for it, warmup/job/trl_args.py)."""
         warm_up_trl()
         _freeze_startup_heap()
 

@@ -18,10 +18,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.tiny_model import write_tiny_model
-from warmup.model_facts import read_model_facts
+from warmup.job.model_facts import read_model_facts
+from warmup.job.spec import load_spec
+from warmup.job.trl_args import resolve_trainer_args
 from warmup.planner.planning import plan
-from warmup.spec import load_spec
-from warmup.trl_args import resolve_trainer_args
 
 BUDGET_S = 0.050
 RUNS = 200

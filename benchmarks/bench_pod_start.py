@@ -58,9 +58,9 @@ from tests.support.live_server import serve
 from tests.support.seaweed import seaweedfs
 from warmup.api.services import Services
 from warmup.backends.registry import get_backend
+from warmup.job.spec import load_spec
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
-from warmup.spec import load_spec
 from warmup.toolchain.probes import current_toolchain
 
 REPO = Path(__file__).resolve().parents[1]

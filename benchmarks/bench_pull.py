@@ -54,9 +54,9 @@ from warmup.api.services import Services
 from warmup.artifacts import ArtifactFile
 from warmup.backends.registry import get_backend
 from warmup.db.records import FileRef, Keyed
+from warmup.job.spec import Spec, load_spec
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
-from warmup.spec import Spec, load_spec
 from warmup.toolchain.model import Toolchain
 from warmup.toolchain.probes import current_toolchain
 

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.seaweed import seaweedfs
 from tests.support.tiny_model import write_tiny_model
 from warmup.db.manifests import publish_manifest
+from warmup.job.spec import load_spec
 from warmup.manifest import Manifest, ManifestFile
-from warmup.spec import load_spec
 from warmup.store import S3BlobStore, sha256_file
 from warmup.toolchain.probes import current_toolchain
 

@@ -113,10 +113,10 @@ def rank_main(job_path: Path) -> int:
 def run_config(
     work: Path, model: Path, preset: str, ranks: int, extra: dict[str, Any], shim: bool
 ) -> list[dict]:
+    from warmup.job.spec import Spec
     from warmup.planner.planning import plan_spec
     from warmup.rehearsal.drivers import RunJob
     from warmup.rehearsal.units import plan_units
-    from warmup.spec import Spec
 
     directory = work / f"{preset}-{ranks}"
     directory.mkdir(parents=True)

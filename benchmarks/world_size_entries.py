@@ -125,10 +125,10 @@ def free_port() -> int:
 
 
 def run_config(work: Path, model: Path, ranks: int, threads: int) -> list[dict[str, Any]]:
+    from warmup.job.spec import Spec
     from warmup.planner.planning import plan_spec
     from warmup.rehearsal.drivers import RunJob
     from warmup.rehearsal.units import plan_units
-    from warmup.spec import Spec
 
     spec = Spec.model_validate(spec_for(model, ranks))
     signatures = plan_spec(spec).signatures
@@ -170,8 +170,8 @@ def warm_then_train(work: Path, model: Path, world_size: int) -> list[dict[str, 
 
     from tests.support.tiny_model import save_weights
     from warmup.artifacts import list_paths
+    from warmup.job.spec import Spec
     from warmup.rehearsal.local import warm_directory
-    from warmup.spec import Spec
 
     root = work / f"train-at-{world_size}"
     root.mkdir(parents=True)

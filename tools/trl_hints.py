@@ -10,7 +10,7 @@ dataclass, and writes one entry per field that some release had:
      "message": "`max_seq_length` is deprecated and will be removed in version 0.20.0. Use `max_length` instead.",
      "first_deprecated": "trl v0.16.0", "last_seen": "trl v0.19.1"}
 
-`warmup.trl_config` reads the file to answer a refused field with TRL's own words and the fix.
+`warmup.job.trl_config` reads the file to answer a refused field with TRL's own words and the fix.
 
 Sources (nothing is downloaded by this script):
 - a git clone of huggingface/trl: every release tag from v0.10 on (`--trl-repo`);

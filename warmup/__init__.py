@@ -16,17 +16,17 @@ __version__ = "0.1.0"
 # name -> (module, attribute): where each public name is defined.
 _EXPORTS: dict[str, tuple[str, str]] = {
     # the training process
-    "activate": ("warmup.activation", "activate"),
-    "Activation": ("warmup.activation", "Activation"),
-    "WarmupCallback": ("warmup.callback.observer", "WarmupCallback"),
+    "activate": ("warmup.pod.activation", "activate"),
+    "Activation": ("warmup.pod.activation", "Activation"),
+    "WarmupCallback": ("warmup.pod.callback.observer", "WarmupCallback"),
     # the pod's client
     "pull": ("warmup.client.pulling", "pull"),
     "PullResult": ("warmup.client.installing", "PullResult"),
     # specs, plans and toolchains
-    "load_spec": ("warmup.spec", "load_spec"),
-    "Spec": ("warmup.spec", "Spec"),
-    "Target": ("warmup.spec", "Target"),
-    "DataFacts": ("warmup.spec", "DataFacts"),
+    "load_spec": ("warmup.job.spec", "load_spec"),
+    "Spec": ("warmup.job.spec", "Spec"),
+    "Target": ("warmup.job.spec", "Target"),
+    "DataFacts": ("warmup.job.spec", "DataFacts"),
     "plan": ("warmup.planner.planning", "plan_spec"),
     "Plan": ("warmup.signature", "Plan"),
     "Signature": ("warmup.signature", "Signature"),
@@ -49,9 +49,6 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:  # what a type checker and an editor see (`X as X`: a re-export)
-    from warmup.activation import Activation as Activation
-    from warmup.activation import activate as activate
-    from warmup.callback.observer import WarmupCallback as WarmupCallback
     from warmup.client.installing import PullResult as PullResult
     from warmup.client.pulling import pull as pull
     from warmup.errors import BackgroundPullError as BackgroundPullError
@@ -66,13 +63,16 @@ if TYPE_CHECKING:  # what a type checker and an editor see (`X as X`: a re-expor
     from warmup.errors import WarmupFailedError as WarmupFailedError
     from warmup.facts.reading import dataset_facts as dataset_facts
     from warmup.facts.summary import DatasetFacts as DatasetFacts
+    from warmup.job.spec import DataFacts as DataFacts
+    from warmup.job.spec import Spec as Spec
+    from warmup.job.spec import Target as Target
+    from warmup.job.spec import load_spec as load_spec
     from warmup.planner.planning import plan_spec
+    from warmup.pod.activation import Activation as Activation
+    from warmup.pod.activation import activate as activate
+    from warmup.pod.callback.observer import WarmupCallback as WarmupCallback
     from warmup.signature import Plan as Plan
     from warmup.signature import Signature as Signature
-    from warmup.spec import DataFacts as DataFacts
-    from warmup.spec import Spec as Spec
-    from warmup.spec import Target as Target
-    from warmup.spec import load_spec as load_spec
     from warmup.toolchain.model import Toolchain as Toolchain
 
     plan = plan_spec

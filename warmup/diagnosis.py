@@ -9,7 +9,7 @@ A compile during training has one of three causes, and each has its own fix:
 - the plan is wrong, or the cache incomplete: the data reaches a shape the plan did not list, or
   the plan listed it and the pulled cache does not hold it (--allow-partial, a failed warm-up);
 - the environment is wrong: the toolchain this process computed differs from the one the cache was
-  pulled for (`warmup.activation.verify_pulled_toolchain`).
+  pulled for (`warmup.pod.activation.verify_pulled_toolchain`).
 
 `diagnose` compares what ran with the warmed signatures and names the nearest one and the fields that
 differ, so a coverage report and the callback's warning say which. Pod-side: no torch, no TRL.

@@ -48,7 +48,7 @@ from typing import Any
 from warmup._compat import torch as compat_torch
 
 # Set (to "1") in the environment of every process that must compile or load kernels under this layout:
-# the warm-up's rehearsals and the training processes of `warmup exec` (warmup/_sitecustomize).
+# the warm-up's rehearsals and the training processes of `warmup exec` (warmup/pod/_sitecustomize).
 ENV_VAR = "WARMUP_KERNEL_LAYOUT"
 _MARK = "_warmup_canonical_layout"
 

@@ -236,9 +236,9 @@ def _run_job(
     timeout_s: float,
     say: Callable[[str], None],
 ) -> JobRun:
+    from warmup.job.spec import Spec
     from warmup.planner.planning import plan_spec
     from warmup.rehearsal.local import warm_directory
-    from warmup.spec import Spec
 
     directory.mkdir(parents=True, exist_ok=True)
     spec_data = job_spec(job, model, backend, device)
@@ -296,7 +296,7 @@ def judge(judged: list[Any], met: list[str], fresh: dict[str, int], backend: str
 
 
 def _toolchain_line(cache: Path) -> str | None:
-    from warmup.activation import read_manifest
+    from warmup.pod.activation import read_manifest
     from warmup.toolchain.model import Toolchain
 
     manifest = read_manifest(cache) or {}
@@ -333,11 +333,11 @@ def train_main(argv: list[str]) -> int:
     """`python -m warmup.selftest SPEC CACHE_DIR WEIGHTS OUT`: train the phase's job as a pod would."""
     spec_path, cache, weights, out = argv
     import warmup
-    from warmup.spec import load_spec
+    from warmup.job.spec import load_spec
 
     spec = load_spec(Path(spec_path))
     activation = warmup.activate(spec, cache_dir=cache)
-    from warmup.callback.observer import WarmupCallback
+    from warmup.pod.callback.observer import WarmupCallback
 
     callback = WarmupCallback(spec, cache_dir=cache)
     trainer = _user_trainer(spec, Path(weights), Path(out).parent / "trainer-out", callback)
@@ -365,7 +365,7 @@ def _user_trainer(spec: Any, weights: Path, output_dir: Path, callback: Any) -> 
     import trl
     from datasets import Dataset
 
-    from warmup.trl_args import config_class
+    from warmup.job.trl_args import config_class
 
     config = config_class(spec.trainer)(
         **spec.args,

@@ -35,11 +35,11 @@ from warmup.db.queue import RetryStrategy, TaskQueue
 from warmup.db.records import ClaimedTask, FileRef, Keyed
 from warmup.db.repository import Repository, pool_entry
 from warmup.errors import LeaseLostError, RehearsalError, StoreError, WarmupError
+from warmup.job.spec import Spec
 from warmup.leftovers import locked_temp_dir, remove_abandoned
 from warmup.logs import log_context
 from warmup.settings import Settings
 from warmup.signature import Signature
-from warmup.spec import Spec
 from warmup.store import BlobStore, open_store
 from warmup.toolchain.memo import host_toolchain
 from warmup.toolchain.model import Toolchain

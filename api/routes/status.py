@@ -30,8 +30,8 @@ from warmup.db.records import JobStatus, SignatureStatus
 from warmup.db.repository import Repository
 from warmup.errors import AuthError
 from warmup.formatting import format_duration, short_id
+from warmup.job.spec import Spec
 from warmup.signature import Signature
-from warmup.spec import Spec
 
 router = APIRouter(tags=["status"])
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"

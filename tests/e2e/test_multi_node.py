@@ -38,8 +38,8 @@ from warmup.api.services import Services
 from warmup.client.local import read_local_manifest
 from warmup.client.service import ServiceClient
 from warmup.db.tokens import TokenStore
+from warmup.job.spec import load_spec
 from warmup.settings import Settings
-from warmup.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM = REPO / "docker" / "slurm"

@@ -20,9 +20,9 @@ from tests.support.jobs import write_spec
 from tests.support.live_server import serve
 from warmup.api.services import Services
 from warmup.client.service import ServiceClient
+from warmup.job.spec import load_spec
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
-from warmup.spec import load_spec
 
 POD_TRAIN = Path(__file__).resolve().parents[1] / "support" / "pod_train.py"
 

@@ -24,9 +24,9 @@ from warmup.api.services import Services
 from warmup.backends.base import recompile_limits
 from warmup.client.local import read_local_manifest
 from warmup.client.service import ServiceClient
+from warmup.job.spec import load_spec
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
-from warmup.spec import load_spec
 from warmup.worker.loop import Worker, WorkerOptions
 
 POD_TRAIN = Path(__file__).resolve().parents[1] / "support" / "pod_train.py"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.jobs import signature, write_spec
+from warmup.job.spec import load_spec
 from warmup.rehearsal.runner import rehearse
-from warmup.spec import load_spec
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_killing_the_requester_stops_the_rehearsal_and_its_compiles(sft_spec, ti
     script = (
         "import sys\n"
         "from warmup.rehearsal.runner import rehearse\n"
-        "from warmup.spec import load_spec\n"
+        "from warmup.job.spec import load_spec\n"
         "from tests.support.jobs import signature\n"
         f"spec = load_spec({str(tmp_path / 'sft.yaml')!r})\n"
         f"rehearse(spec, [signature('sft', {str(tiny_model_dir)!r}, 'train', 2, 64)], {str(work)!r})\n"

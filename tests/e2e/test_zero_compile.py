@@ -70,9 +70,9 @@ def test_sft_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, 
 def test_grpo_with_a_static_cache_warm_then_train_compiles_nothing(
     tiny_model_dir, user_weights_dir, tmp_path
 ):
+    from warmup.job.spec import load_spec
     from warmup.planner.planning import plan_spec
     from warmup.rehearsal.local import warm_directory
-    from warmup.spec import load_spec
 
     spec_path = write_spec(
         tmp_path / "grpo.yaml", "grpo", tiny_model_dir, GRPO_STATIC_CACHE_ARGS, GRPO_STATIC_CACHE_DATA
@@ -120,9 +120,9 @@ def test_grpo_with_a_static_cache_warm_then_train_compiles_nothing(
 
 
 def test_dpo_warm_then_train_compiles_nothing(tiny_model_dir, user_weights_dir, tmp_path):
+    from warmup.job.spec import load_spec
     from warmup.planner.planning import plan_spec
     from warmup.rehearsal.local import warm_directory
-    from warmup.spec import load_spec
 
     spec_path = write_spec(
         tmp_path / "dpo.yaml",

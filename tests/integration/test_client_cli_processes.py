@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from warmup._sitecustomize import DIRECTORY
+from warmup.pod._sitecustomize import DIRECTORY
 
 SERVER_PACKAGES = (
     "fastapi",
@@ -40,18 +40,18 @@ def imported_after(code: str, *, absent: tuple[str, ...] = ()) -> list[str]:
 def test_the_pod_side_runs_without_any_server_package():
     """A training image has the base install only: the client side imports and builds its CLI there."""
     modules = imported_after(
-        "import warmup.spec, warmup.toolchain.memo, warmup.client.pulling, warmup.callback.observer, warmup.manifest\n"
+        "import warmup.job.spec, warmup.toolchain.memo, warmup.client.pulling, warmup.pod.callback.observer, warmup.manifest\n"
         "from warmup.cli import build_parser; build_parser('pull').parse_args(['pull', 'x.yaml', '--dest', 'd'])",
         absent=NOT_IN_THE_BASE_INSTALL,
     )
-    assert "warmup.callback" in modules and "transformers" in modules  # the check did import them
+    assert "warmup.pod.callback" in modules and "transformers" in modules  # the check did import them
 
 
 def test_the_client_side_imports_no_server_package_even_when_installed():
-    # warmup.callback is left out: transformers imports accelerate, which imports boto3 when it is
+    # warmup.pod.callback is left out: transformers imports accelerate, which imports boto3 when it is
     # installed (for SageMaker); that is theirs, and the test above shows the callback needs none.
     modules = imported_after(
-        "import warmup.spec, warmup.toolchain.memo, warmup.client.pulling, warmup.manifest, warmup.cli.pod"
+        "import warmup.job.spec, warmup.toolchain.memo, warmup.client.pulling, warmup.manifest, warmup.cli.pod"
     )
     assert sorted({m.split(".")[0] for m in modules} & set(NOT_IN_THE_BASE_INSTALL)) == []
     assert "torch" not in modules and "transformers" not in modules  # `warmup pull` starts fast

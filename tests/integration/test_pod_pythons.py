@@ -22,10 +22,10 @@ pytestmark = pytest.mark.timeout(600)
 # there), a manifest checked (a hostile path refused), and nothing of the ML stack or the server imported.
 POD = """
 import json, sys
-import warmup.spec, warmup.toolchain.memo, warmup.client.pulling, warmup.manifest, warmup.cli.pod
+import warmup.job.spec, warmup.toolchain.memo, warmup.client.pulling, warmup.manifest, warmup.cli.pod
 from warmup.errors import UnsafeArtifactError
 from warmup.manifest import parse_manifest
-from warmup.spec import from_trl_cli_config, installed_trl_versions, shipped_trl_cli_fields, trl_cli_fields
+from warmup.job.spec import from_trl_cli_config, installed_trl_versions, shipped_trl_cli_fields, trl_cli_fields
 
 assert installed_trl_versions() is None and trl_cli_fields() == shipped_trl_cli_fields()
 spec = from_trl_cli_config(

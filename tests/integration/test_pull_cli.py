@@ -28,10 +28,10 @@ from warmup.client.local import INDEX_NAME, read_local_manifest
 from warmup.client.pulling import pull
 from warmup.client.service import ServiceClient
 from warmup.errors import BlobIntegrityError, ToolchainMismatchError, UnsafeArtifactError
+from warmup.job.spec import load_spec
 from warmup.manifest import manifest_object_key
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
-from warmup.spec import load_spec
 from warmup.toolchain.model import Toolchain
 from warmup.toolchain.probes import current_toolchain
 
@@ -115,7 +115,7 @@ def _keyed(document):
 
 def cache_files(directory: Path) -> set[str]:
     """The files in a cache dir, the pull's own bookkeeping left out (after a successful CLI pull, the
-    CPU ISA probes Inductor builds are there too: see warmup.training_env.IsaProbes)."""
+    CPU ISA probes Inductor builds are there too: see warmup.pod.training_env.IsaProbes)."""
     if not directory.exists():
         return set()
     return {
@@ -556,7 +556,7 @@ def test_coverage_shows_a_jobs_reports(api_url, services, spec_file, pod_toolcha
 
 # The training command's part, under `warmup exec`: it says it is ready to compile once torch is
 # imported (the blob server holds the files back until then), then compiles; a compile-start callback
-# of its own, registered after the one warmup/_sitecustomize installs, sees whether the file is there.
+# of its own, registered after the one warmup/pod/_sitecustomize installs, sees whether the file is there.
 COMPILING_CHILD = """
 import json, pathlib, sys, torch, torch._dynamo.callback as cb
 dest, ready = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])

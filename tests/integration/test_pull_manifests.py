@@ -15,8 +15,8 @@ from warmup.db.queue import TaskQueue
 from warmup.db.records import FileRef, Keyed
 from warmup.db.repository import Repository
 from warmup.errors import UnsafeArtifactError
+from warmup.job.spec import load_spec
 from warmup.planner.planning import plan_spec
-from warmup.spec import load_spec
 
 TOOLCHAIN = cpu_toolchain()
 

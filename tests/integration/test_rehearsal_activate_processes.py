@@ -18,7 +18,7 @@ def spec_file(tiny_model_dir, tmp_path):
 
 
 def test_import_warmup_stays_light():
-    code = "import sys, warmup; print('torch' in sys.modules, 'warmup.activation' in sys.modules)"
+    code = "import sys, warmup; print('torch' in sys.modules, 'warmup.pod.activation' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

@@ -12,10 +12,10 @@ import json
 import subprocess
 import sys
 
+from warmup.job.spec import load_spec
 from warmup.rehearsal.drivers import RunJob
 from warmup.rehearsal.units import plan_units
 from warmup.signature import Signature
-from warmup.spec import load_spec
 
 
 def run_units(spec: dict, signatures: list[Signature], tmp_path, **facts) -> dict:

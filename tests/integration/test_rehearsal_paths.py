@@ -10,8 +10,8 @@ import pytest
 
 from tests.support.jobs import signature
 from warmup.errors import ModelConfigError
+from warmup.job.spec import parse_spec
 from warmup.rehearsal.runner import rehearse
-from warmup.spec import parse_spec
 
 
 def test_a_model_path_this_machine_lacks_is_refused_naming_the_machine(tiny_model_dir, tmp_path):

@@ -11,7 +11,7 @@ def test_a_trl_config_is_read_without_importing_trl(tmp_path):
     config = tmp_path / "grpo.yaml"
     config.write_text("model_name_or_path: m\naccelerate_config: zero2\nreward_funcs: [x]\ndataset_name: d\n")
     probe = (
-        "import sys\nfrom warmup.spec import load_spec\n"
+        "import sys\nfrom warmup.job.spec import load_spec\n"
         f"spec = load_spec({str(config)!r}, trainer='grpo')\n"
         "print(spec.target.world_size, sorted(m for m in ('trl', 'torch', 'transformers') if m in sys.modules))"
     )

@@ -19,9 +19,9 @@ from tests.support.tiny_model import write_tiny_model
 from tests.unit.test_store import overwrite
 from warmup.api.services import REVOCATION_CHECK_S, Services
 from warmup.db.records import Keyed
+from warmup.job.spec import load_spec
 from warmup.planner.planning import plan_spec
 from warmup.settings import Settings
-from warmup.spec import load_spec
 from warmup.toolchain.probes import current_toolchain
 
 pytestmark = pytest.mark.timeout(600)

@@ -19,9 +19,9 @@ import pytest
 
 from tests.support.jobs import write_spec
 from warmup.db.manifests import publish_manifest
+from warmup.job.spec import load_spec
 from warmup.manifest import Manifest
 from warmup.planner.planning import plan_spec
-from warmup.spec import load_spec
 from warmup.store import LocalBlobStore
 from warmup.toolchain.probes import current_toolchain
 

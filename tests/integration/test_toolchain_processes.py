@@ -65,7 +65,7 @@ def test_side_by_side_returns_in_order_raises_and_works_at_interpreter_exit():
 
 def test_pod_side_modules_import_without_server_packages_or_torch():
     code = (
-        "import sys, warmup, warmup.spec, warmup.toolchain.memo, warmup.artifacts, warmup.backends; "
+        "import sys, warmup, warmup.job.spec, warmup.toolchain.memo, warmup.artifacts, warmup.backends; "
         "print(sorted(m for m in ('torch', 'fastapi', 'sqlalchemy', 'trl') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

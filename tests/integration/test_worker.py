@@ -25,8 +25,8 @@ from warmup.db.manifests import manifest_object_key
 from warmup.db.queue import TaskQueue
 from warmup.db.records import Keyed
 from warmup.db.repository import Repository
+from warmup.job.spec import load_spec
 from warmup.signature import Signature
-from warmup.spec import load_spec
 from warmup.store import open_store
 from warmup.toolchain.probes import current_toolchain
 from warmup.worker.loop import Worker, WorkerOptions

@@ -25,11 +25,11 @@ from tests.support.tiny_model import write_tiny_model
 from warmup.api.app import create_app
 from warmup.api.services import Services
 from warmup.errors import PlanTooLargeError
+from warmup.job.spec import MAX_CONFIG_VALUES, MAX_NESTING, MAX_WORLD_SIZE, Spec
 from warmup.planner.common import padded_lengths
 from warmup.planner.online import Rollouts
 from warmup.planner.planning import MAX_SIGNATURES, plan_spec
 from warmup.settings import Settings
-from warmup.spec import MAX_CONFIG_VALUES, MAX_NESTING, MAX_WORLD_SIZE, Spec
 
 TOOLCHAIN = cpu_toolchain().model_dump(mode="json")
 # A planning that lists no more than MAX_SIGNATURES signatures stays far below this; the refused

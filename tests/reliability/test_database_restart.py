@@ -51,8 +51,8 @@ from warmup.db.engine import POSTGRES_CONNECT_TIMEOUT_S, make_engine
 from warmup.db.migrate import upgrade
 from warmup.db.outage import Outage, is_unavailable
 from warmup.db.records import Keyed
+from warmup.job.spec import Spec, load_spec
 from warmup.settings import Settings
-from warmup.spec import Spec, load_spec
 from warmup.toolchain.model import Toolchain
 from warmup.toolchain.probes import current_toolchain
 

@@ -34,8 +34,8 @@ from tests.support.tiny_model import write_tiny_model
 from warmup.api.app import create_app
 from warmup.api.services import Services
 from warmup.db.tokens import TokenStore
+from warmup.job.spec import MAX_NESTING, MAX_WORLD_SIZE, TRAINER_KINDS, DataFacts, Spec, Target
 from warmup.settings import Settings
-from warmup.spec import MAX_NESTING, MAX_WORLD_SIZE, TRAINER_KINDS, DataFacts, Spec, Target
 
 # Examples per operation and generation mode, and broken specs per route: enough to reach every
 # validator, small enough that the module runs in a couple of minutes on a shared machine.
@@ -310,7 +310,7 @@ def _is_number(text: str) -> bool:
 
 
 def _known_fields(section: str) -> set[str]:
-    from warmup.trl_args import config_class
+    from warmup.job.trl_args import config_class
 
     if section == "args":
         return {f.name for f in dataclasses.fields(config_class("sft"))}

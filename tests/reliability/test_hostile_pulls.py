@@ -26,7 +26,7 @@ from warmup.client.local import LOCAL_MANIFESTS_DIR, TEMP_DIR_NAME
 from warmup.client.pulling import pull
 from warmup.client.service import MAX_MANIFEST_BYTES
 from warmup.errors import BlobIntegrityError, UnsafeArtifactError, WarmupError
-from warmup.spec import Spec
+from warmup.job.spec import Spec
 
 SPEC = Spec.model_validate(
     {

@@ -123,7 +123,7 @@ COLD_CONFIG_CLASSES = """
 import sys, threading
 sys.setswitchinterval(1e-4)  # switch threads often: the import race shows on every run, not one in three
 from warmup.trainers.registry import FAMILIES
-from warmup.trl_args import config_class
+from warmup.job.trl_args import config_class
 kinds = list(FAMILIES) * 8
 start, errors = threading.Barrier(len(kinds)), []
 def resolve(kind):

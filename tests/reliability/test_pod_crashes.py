@@ -33,8 +33,8 @@ from tests.support.pods import HostileService, hostile_service, play_worker
 from tests.support.tiny_model import write_tiny_model
 from warmup.api.services import Services
 from warmup.client.local import INDEX_NAME, LOCAL_MANIFESTS_DIR, TEMP_DIR_NAME
+from warmup.job.spec import Spec, load_spec
 from warmup.settings import Settings
-from warmup.spec import Spec, load_spec
 
 SPEC = Spec.model_validate(
     {

@@ -41,11 +41,11 @@ from warmup.db.queue import TaskQueue
 from warmup.db.records import Keyed
 from warmup.db.repository import Repository
 from warmup.errors import StoreError, StoreUnreachableError
+from warmup.job.spec import Spec, load_spec
 from warmup.manifest import MANIFESTS_PREFIX, manifest_object_key
 from warmup.planner.planning import plan_spec
 from warmup.rehearsal.runner import SignatureResult
 from warmup.settings import Settings
-from warmup.spec import Spec, load_spec
 from warmup.store import MiB, S3BlobStore, blob_key
 from warmup.toolchain.memo import remember_toolchain
 from warmup.toolchain.model import Toolchain

@@ -38,8 +38,8 @@ from warmup.db.records import Keyed
 from warmup.db.repository import Repository
 from warmup.db.retention import collect_garbage
 from warmup.errors import BlobNotFoundError
+from warmup.job.spec import Spec, load_spec
 from warmup.planner.planning import plan_spec
-from warmup.spec import Spec, load_spec
 from warmup.store import LocalBlobStore
 from warmup.toolchain.probes import current_toolchain
 

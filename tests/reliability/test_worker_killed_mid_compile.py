@@ -20,8 +20,8 @@ from warmup.db.migrate import upgrade
 from warmup.db.queue import TaskQueue
 from warmup.db.records import Keyed
 from warmup.db.repository import Repository
+from warmup.job.spec import load_spec
 from warmup.planner.planning import plan_spec
-from warmup.spec import load_spec
 from warmup.store import open_store
 from warmup.toolchain.probes import current_toolchain
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from warmup.model_facts import read_model_facts
+from warmup.job.model_facts import read_model_facts
 from warmup.signature import Signature
 
 TRAIN_JOB = Path(__file__).with_name("train_job.py")
@@ -55,8 +55,8 @@ def write_spec(
 def warm_as_job_of(spec_path: Path, world: int, cache: Path) -> Any:
     """Warm the spec at `spec_path` as a job of `world` processes (it is rewritten so), as `warmup warm` does
     (`warm_directory`, which rehearses with fewer); the report, its one signature warmed for that world size."""
+    from warmup.job.spec import load_spec
     from warmup.rehearsal.local import warm_directory
-    from warmup.spec import load_spec
 
     spec_path.write_text(spec_path.read_text().replace("device: cpu", f"device: cpu\n  world_size: {world}"))
     report = warm_directory(load_spec(spec_path), cache)

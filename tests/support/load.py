@@ -496,8 +496,8 @@ def _publish(
     store_url: str,
 ) -> dict[str, str]:
     from warmup.api.services import Services
+    from warmup.job.spec import load_spec
     from warmup.settings import Settings
-    from warmup.spec import load_spec
     from warmup.toolchain.model import Toolchain
 
     settings = Settings(

@@ -132,7 +132,7 @@ def _traced(model):
 def _build(kind, model_dir, teacher_dir, config_args, train_dataset, eval_dataset, tokenizer, peft=None):
     import trl
 
-    from warmup.peft_args import lora_config
+    from warmup.job.peft_args import lora_config
 
     common = {"train_dataset": train_dataset, "eval_dataset": eval_dataset, "processing_class": tokenizer}
     if peft is not None:
@@ -159,8 +159,8 @@ def plan_for(
     target: dict[str, Any] | None = None,
 ):
     """The planner's answer for the same job, as the truth tests run it (Inductor target on CPU)."""
+    from warmup.job.spec import load_spec
     from warmup.planner.planning import plan_spec
-    from warmup.spec import load_spec
 
     spec = {
         "trainer": kind,

@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from warmup.callback.observer import WarmupCallback
-    from warmup.spec import load_spec
+    from warmup.job.spec import load_spec
+    from warmup.pod.callback.observer import WarmupCallback
 
     # spec and server from what exec sets; with --attach add_callback it is built once the trainer is, below
     callback = None if ns.no_callback or ns.attach == "add_callback" else WarmupCallback()

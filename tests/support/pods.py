@@ -22,8 +22,8 @@ from typing import Any
 from warmup.api.services import Services
 from warmup.db.manifests import build_manifest, publish_manifest
 from warmup.db.records import FileRef, Keyed
+from warmup.job.spec import Spec
 from warmup.planner.planning import plan_spec
-from warmup.spec import Spec
 from warmup.toolchain.model import Toolchain
 
 

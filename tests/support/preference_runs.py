@@ -80,7 +80,7 @@ def record(
     policy = init_model(model_dir)
     extra = {}
     if peft is not None:
-        from warmup.peft_args import lora_config
+        from warmup.job.peft_args import lora_config
 
         extra["peft_config"] = lora_config(peft)  # the reference is the policy with its adapter disabled
     elif kind != "reward" and not config.precompute_ref_log_probs:
@@ -111,8 +111,8 @@ def record(
 
 def full_plan(kind: str, model_dir, args: dict, data: dict, **target) -> Plan:
     """The planner's plan for the same job, on an Inductor target on CPU."""
+    from warmup.job.spec import load_spec
     from warmup.planner.planning import plan_spec
-    from warmup.spec import load_spec
 
     spec = load_spec(
         {

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     failed_imports = preimport(preimported)
 
     import warmup
-    from warmup.spec import load_spec
+    from warmup.job.spec import load_spec
 
     spec = load_spec(ns.spec)
     if os.environ.get("ACCELERATE_USE_FSDP") == "true" and spec.target.device == "cpu":
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         raise SystemExit(f"no job for {spec.trainer}")
     if spec.peft:
-        from warmup.peft_args import lora_config
+        from warmup.job.peft_args import lora_config
 
         extra["peft_config"] = lora_config(spec.peft)  # the job's LoraConfig, as TRL's scripts build it
     clock = make_step_clock()

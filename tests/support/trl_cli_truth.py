@@ -9,7 +9,7 @@ no value leaves the YAML value in the script's place). Then the script, once lau
 into its dataclasses.
 
 The dataclasses' checks of the machine (bf16 / tf32 support, DeepSpeed installed) would refuse any GPU config on
-this CPU-only machine; the script-side parse neutralises them as the planner does (warmup.trl_config
+this CPU-only machine; the script-side parse neutralises them as the planner does (warmup.job.trl_config
 MACHINE_CHECKED): the fields are set to their neutral values in a copy of the file, so a config TRL accepts on the
 machine it targets is judged accepted (both parses read that copy: the keys handed to the launcher are the same). The default accelerate config of this machine is not read (the job's
 machine has its own, or none). Relative paths are read from the working directory, as `trl` reads them.
@@ -27,7 +27,7 @@ from unittest import mock
 
 import yaml
 
-from warmup.trl_config import MACHINE_CHECKED
+from warmup.job.trl_config import MACHINE_CHECKED
 
 
 class _NotTrlScript(Exception):

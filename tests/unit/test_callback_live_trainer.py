@@ -14,8 +14,8 @@ import pytest
 
 from tests.support.tiny_model import write_tiny_model
 from warmup.diagnosis import RunFacts, args_differences, diagnose
+from warmup.job.spec import Spec, load_spec
 from warmup.planner.planning import plan_spec
-from warmup.spec import Spec, load_spec
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def live_accelerator() -> Iterator[object]:
 def test_building_the_callback_under_a_live_accelerator_keeps_its_state(spec, live_accelerator, tmp_path):
     from accelerate.state import AcceleratorState
 
-    from warmup.callback.observer import WarmupCallback
+    from warmup.pod.callback.observer import WarmupCallback
 
     accelerator = live_accelerator
     before = (accelerator.state.distributed_type, accelerator.device, accelerator.num_processes)
@@ -65,7 +65,7 @@ def test_planning_without_a_live_state_still_sets_up_the_configs_devices(spec):
     """Outside a training process (the service, the CLI) nothing is kept: TRL's config sets its devices up."""
     from accelerate.state import AcceleratorState, PartialState
 
-    from warmup.trl_args import resolve_trainer_args
+    from warmup.job.trl_args import resolve_trainer_args
 
     AcceleratorState._reset_state(reset_partial_state=True)
     args = resolve_trainer_args(spec)

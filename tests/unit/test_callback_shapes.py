@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from warmup.callback.observer import _shape_of
+from warmup.pod.callback.observer import _shape_of
 
 
 def test_a_call_with_a_kv_cache_is_generation_whatever_transformers_calls_the_argument():
@@ -34,7 +34,7 @@ def test_only_steps_that_met_no_new_shape_are_timed(tiny_model_dir, monkeypatch,
     ones that compile): here step 1 meets train 2x32 and step 3 meets train 2x64; steps 2 and 4 are timed."""
     from types import SimpleNamespace
 
-    from warmup.callback.observer import WarmupCallback
+    from warmup.pod.callback.observer import WarmupCallback
 
     spec = {
         "trainer": "sft",
@@ -42,7 +42,7 @@ def test_only_steps_that_met_no_new_shape_are_timed(tiny_model_dir, monkeypatch,
         "args": {"per_device_train_batch_size": 2, "max_length": 64, "pad_to_multiple_of": 32, "bf16": False},
         "target": {"backend": "inductor", "device": "cpu"},
     }
-    monkeypatch.setattr("warmup.callback.observer.report_toolchain", lambda cache_dir, spec: {})
+    monkeypatch.setattr("warmup.pod.callback.observer.report_toolchain", lambda cache_dir, spec: {})
     callback = WarmupCallback(spec, cache_dir=tmp_path)
     model = torch.nn.Linear(4, 4).train()
     for step, seq_len in enumerate([32, 32, 64, 64], start=1):

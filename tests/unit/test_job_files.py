@@ -13,7 +13,7 @@ import yaml
 from tests.support.tiny_model import words
 from warmup.cli import main
 from warmup.errors import SpecError
-from warmup.spec import load_spec, parse_spec, read_job
+from warmup.job.spec import load_spec, parse_spec, read_job
 
 NEURON = {"backend": "neuron", "device": "neuron"}
 
@@ -170,7 +170,7 @@ def test_relative_paths_are_resolved_where_the_config_is_read(tiny_model_dir, tm
     import socket
 
     from warmup.errors import ModelConfigError
-    from warmup.model_facts import read_model_facts
+    from warmup.job.model_facts import read_model_facts
 
     job = tmp_path / "job"
     shutil.copytree(tiny_model_dir, job / "tiny-qwen")

@@ -1,10 +1,10 @@
-"""The Launch facts a trl config's launcher and sharding fields come to (warmup/trl_config.py)."""
+"""The Launch facts a trl config's launcher and sharding fields come to (warmup/job/trl_config.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from warmup.trl_config import Launch
+from warmup.job.trl_config import Launch
 
 
 def test_launch_is_frozen_and_hashable_with_its_dicts_left_out_of_the_hash():
@@ -56,9 +56,9 @@ def sample_value(action):
 def test_every_option_of_accelerates_launch_parser_is_a_launch_key_of_a_trl_config():
     """Held to the installed accelerate: each of its launch options is taken as `trl` hands it over (a flag that
     takes no value is refused with the reason), none is called an unknown field."""
-    from warmup.spec import Spec
-    from warmup.trl_args import config_class
-    from warmup.trl_config import _script_parser, read_trl_args
+    from warmup.job.spec import Spec
+    from warmup.job.trl_args import config_class
+    from warmup.job.trl_config import _script_parser, read_trl_args
 
     options = launch_options()
     assert len(options) > 100  # accelerate 1.15 has about 120

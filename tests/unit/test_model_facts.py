@@ -11,7 +11,7 @@ import huggingface_hub.constants
 import pytest
 
 from warmup.errors import ModelConfigError
-from warmup.model_facts import read_model_facts
+from warmup.job.model_facts import read_model_facts
 
 REPO = "some-org/some-model"
 

@@ -19,8 +19,8 @@ from tests.unit.test_pull_install import manifest_of, server  # noqa: F401 (a fi
 from warmup.client.installing import install
 from warmup.client.local import INDEX_NAME, TEMP_DIR_NAME, find_installed, save_local_manifest
 from warmup.client.sources import HttpBlobSource
+from warmup.job.spec import DataFacts, Spec
 from warmup.retry import Backoff, at_once, retry_budget_s, retrying
-from warmup.spec import DataFacts, Spec
 
 
 def dead_pulls_leftovers(dest: Path) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from warmup.job.spec import load_spec
+from warmup.job.trl_args import resolve_trainer_args
 from warmup.planner.planning import plan_spec
 from warmup.planner.topology import rank_args, rehearsal_processes
-from warmup.spec import load_spec
-from warmup.trl_args import resolve_trainer_args
 
 CPU = {"backend": "inductor", "device": "cpu"}
 GRPO = {"per_device_train_batch_size": 2, "max_completion_length": 8, "pad_to_multiple_of": 16}

@@ -50,8 +50,8 @@ def test_dpo_reference_rides_with_the_training_step_of_its_shape():
 
 def test_on_inductor_the_planners_eager_passes_get_no_run(tiny_model_dir):
     """Generation, evaluation and GRPO old log-probs: the planner labels them eager; no unit runs them."""
+    from warmup.job.spec import load_spec
     from warmup.planner.planning import plan_spec
-    from warmup.spec import load_spec
 
     spec = load_spec(
         {

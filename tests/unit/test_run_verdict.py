@@ -15,10 +15,10 @@ from tests.fixtures.factories import one_signature_sft
 from tests.support.live_server import serve
 from tests.support.tiny_model import write_tiny_model
 from warmup.api.services import Services
-from warmup.callback import timings
-from warmup.callback.observer import WarmupCallback
+from warmup.job.spec import Spec, load_spec
+from warmup.pod.callback import timings
+from warmup.pod.callback.observer import WarmupCallback
 from warmup.settings import Settings
-from warmup.spec import Spec, load_spec
 
 VERDICT = (
     r"^trl-warmup: completed: met 0 signature\(s\), 0 warm, 0 missed, 0 fresh compile\(s\); trace [\d.]+ s"
@@ -80,7 +80,7 @@ def test_a_posted_report_is_named_with_its_job_short_id(spec, tmp_path, capsys, 
 
 
 def test_without_a_callback_exec_ends_with_the_fresh_compile_count_and_after_a_verdict_with_nothing(capsys):
-    """exec's exit line (warmup/_sitecustomize, at the first torch.compile): where the compile time went and
+    """exec's exit line (warmup/pod/_sitecustomize, at the first torch.compile): where the compile time went and
     Inductor's cache misses, the verdict of a run no WarmupCallback watches; after a verdict it is not printed."""
     timings.exit_line()
     line = capsys.readouterr().err.strip()

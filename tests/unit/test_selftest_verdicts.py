@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from warmup.errors import SpecError
+from warmup.job.spec import load_spec
 from warmup.planner.planning import plan_spec
 from warmup.selftest import (
     JOBS,
@@ -16,7 +17,6 @@ from warmup.selftest import (
     judge,
     run_selftest,
 )
-from warmup.spec import load_spec
 
 NONE = {"fxgraph_cache_miss": 0, "autograd_cache_miss": 0, "new_files": 0}
 

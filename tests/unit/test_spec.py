@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from warmup.errors import SpecError, UnknownTrainerError
-from warmup.spec import load_spec
-from warmup.trl_args import resolve_trainer_args
+from warmup.job.spec import load_spec
+from warmup.job.trl_args import resolve_trainer_args
 
 
 def spec_dict(**overrides):
@@ -254,7 +254,7 @@ def test_grpo_eval_batch_is_checked_globally_for_the_target_world_size():
 @pytest.fixture
 def fresh_field_lists(tmp_path, monkeypatch):
     """trl_cli_fields computed anew, remembered in a memo folder of the test's own."""
-    from warmup import spec
+    from warmup.job import spec
 
     monkeypatch.setenv("WARMUP_TOOLCHAIN_MEMO", str(tmp_path / "memo" / "toolchain.json"))
     spec.trl_cli_fields.cache_clear()
@@ -265,8 +265,8 @@ def fresh_field_lists(tmp_path, monkeypatch):
 def test_the_trl_cli_field_lists_are_the_installed_trls():
     """A trl config is read with the field lists of the installed TRL, accelerate and transformers, whatever
     their versions (the shipped lists where they are the same versions, else computed from them)."""
-    from warmup.spec import trl_cli_fields
-    from warmup.trl_fields import build
+    from warmup.job.spec import trl_cli_fields
+    from warmup.job.trl_fields import build
 
     assert trl_cli_fields() == build()
 
@@ -276,7 +276,7 @@ def test_the_shipped_field_lists_are_the_locked_stacks():
     holds it to that stack's TRL when it runs there)."""
     from pathlib import Path
 
-    from warmup.spec import shipped_trl_cli_fields
+    from warmup.job.spec import shipped_trl_cli_fields
 
     lock = Path(__file__).resolve().parents[2] / "constraints" / "locked.txt"
     pins = dict(line.lower().split("==") for line in lock.read_text().splitlines() if "==" in line)
@@ -287,7 +287,7 @@ def test_the_shipped_field_lists_are_the_locked_stacks():
 
 
 def test_a_base_install_without_trl_reads_the_shipped_lists(fresh_field_lists, monkeypatch):
-    from warmup import spec, trl_fields
+    from warmup.job import spec, trl_fields
 
     monkeypatch.setattr(spec, "installed_trl_versions", lambda: None)
     monkeypatch.setattr(trl_fields, "build", lambda: pytest.fail("TRL is absent: nothing to build from"))
@@ -297,7 +297,7 @@ def test_a_base_install_without_trl_reads_the_shipped_lists(fresh_field_lists, m
 def test_versions_other_than_the_shipped_lists_are_read_from_the_install_once(fresh_field_lists, monkeypatch):
     """An accelerate the shipped lists do not know (1.16 dropped an option of 1.15's) is read, not refused, and
     the lists computed for it are remembered for the next process of the same install."""
-    from warmup import spec, trl_fields
+    from warmup.job import spec, trl_fields
 
     real = spec.shipped_trl_cli_fields()
     monkeypatch.setattr(spec, "shipped_trl_cli_fields", lambda: {**real, "accelerate": "0.0.0"})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from warmup.callback import timings as timing_report
+from warmup.pod.callback import timings as timing_report
 from warmup.trace_skip import artifacts, capture, losses, serve, split
 
 
@@ -299,10 +299,10 @@ def test_warmup_warm_ends_with_the_line_that_says_the_trace_skip_was_lost(
     import yaml
 
     from warmup.cli import main
+    from warmup.job.spec import load_spec
     from warmup.planner.planning import plan_spec
     from warmup.rehearsal import local as rehearsal_local
     from warmup.rehearsal.runner import SignatureResult
-    from warmup.spec import load_spec
 
     spec_path = tmp_path / "job.yaml"
     spec = {

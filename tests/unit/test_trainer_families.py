@@ -12,8 +12,8 @@ import trl
 
 import warmup.trainers
 from warmup.errors import UnknownTrainerError
+from warmup.job.spec import TrainerKind
 from warmup.signature import Phase
-from warmup.spec import TrainerKind
 from warmup.trainers.record import TrainerFamily
 from warmup.trainers.registry import FAMILIES, family
 

@@ -42,13 +42,13 @@ from warmup.advise.data import (
 )
 from warmup.advise.simulate import EpochWork, Geometry, JobWork, epochs, job_work
 from warmup.errors import PlanTooLargeError, SpecError
-from warmup.model_facts import read_model_facts
+from warmup.job.model_facts import read_model_facts
+from warmup.job.spec import Spec
+from warmup.job.trl_args import TrainerArgs, resolve_trainer_args
 from warmup.planner.estimate import CompileCosts
 from warmup.planner.planning import plan_spec
 from warmup.signature import Plan, Signature
-from warmup.spec import Spec
 from warmup.trainers.registry import FAMILIES, family
-from warmup.trl_args import TrainerArgs, resolve_trainer_args
 
 # Candidate multiples; the list stops at the first that holds the longest row after truncation (one length).
 DEFAULT_MULTIPLES: tuple[int | None, ...] = (None, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from warmup.model_facts import ModelFacts
+from warmup.job.model_facts import ModelFacts
 
 # Effective training FLOP/s of one training process, per target device.
 SEED_FLOPS = {

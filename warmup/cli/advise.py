@@ -13,7 +13,7 @@ from warmup.trainers.registry import family
 
 if TYPE_CHECKING:
     from warmup.advise.advice import Advice, AdviceOption, DatasetLengths
-    from warmup.spec import Spec
+    from warmup.job.spec import Spec
 
 BAR_WIDTH = 40
 
@@ -101,7 +101,7 @@ def _spec_and_lengths(ns: argparse.Namespace) -> tuple[Spec, DatasetLengths | No
     """The job, and its dataset's lengths: --lengths, else the dataset read with the facts API (--dataset, the
     config's `dataset:` or TRL's dataset selection), else the spec's length histogram."""
     from warmup.advise.advice import lengths_from_facts, load_lengths
-    from warmup.spec import read_job
+    from warmup.job.spec import read_job
 
     if ns.lengths and ns.dataset is not None:
         raise SpecError("give --lengths or --dataset, not both", loc="lengths")

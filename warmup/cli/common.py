@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from warmup.spec import Job, Spec
+    from warmup.job.spec import Job, Spec
 
 # `--target` in one word: where the training processes run, and so the compile backend.
 TARGETS = {
@@ -72,7 +72,7 @@ def load_job_from_args(ns: argparse.Namespace) -> Job:
     """The spec file with its side file and flags; a dataset it names has its facts computed into `data`."""
     import dataclasses
 
-    from warmup.spec import read_job
+    from warmup.job.spec import read_job
 
     job = read_job(
         ns.spec,
@@ -111,7 +111,7 @@ def describe_target(spec: Spec, ns: argparse.Namespace) -> str:
         return f"{where} (from the command line)"
     if not {"backend", "device"} & target.model_fields_set:
         return f"{where} (the default: --target cuda or --target cpu for a job that trains on GPUs or CPUs)"
-    from warmup.spec import says_use_cpu
+    from warmup.job.spec import says_use_cpu
 
     if (target.backend, target.device) == ("inductor", "cpu") and says_use_cpu(spec.args):
         return f"{where} (the config says use_cpu: true)"

@@ -121,7 +121,7 @@ def features() -> dict[str, str | None]:
 
 def field_lists() -> str:
     """Which lists a trl config is read with here (and, where they are the installed TRL's, remember them)."""
-    from warmup.spec import installed_trl_versions, shipped_trl_cli_fields, trl_cli_fields
+    from warmup.job.spec import installed_trl_versions, shipped_trl_cli_fields, trl_cli_fields
 
     shipped = shipped_trl_cli_fields()
     of = ", ".join(f"{name} {shipped[name]}" for name in ("trl", "accelerate", "transformers"))

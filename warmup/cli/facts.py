@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_facts(ns: argparse.Namespace) -> int:
     from warmup.facts.reading import dataset_facts
     from warmup.facts.summary import progress_bar
-    from warmup.spec import read_job
+    from warmup.job.spec import read_job
 
     job = read_job(ns.spec, trainer=ns.trainer, side=ns.side)
     dataset = ns.dataset if ns.dataset is not None else job.dataset if isinstance(job.dataset, str) else None

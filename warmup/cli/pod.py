@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from warmup.cli.common import SPEC_OPTION_DESTS, add_spec_arguments, load_spec_from_args
 from warmup.errors import ServerUnreachableError, WarmupError
 from warmup.formatting import format_table, short_id
-from warmup.training_env import IsaProbes, child_environment
+from warmup.pod.training_env import IsaProbes, child_environment
 
 if TYPE_CHECKING:
     pass
@@ -359,7 +359,9 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     from warmup.cli.quiet import quieted
 
     env = {**{k: v for k, v in os.environ.items() if k not in quieted()}, **env}
-    if ns.strict:  # read by WarmupCallback, which warmup/_sitecustomize adds to every Trainer under --strict
+    if (
+        ns.strict
+    ):  # read by WarmupCallback, which warmup/pod/_sitecustomize adds to every Trainer under --strict
         env["WARMUP_STRICT"] = "1"
     print(f"exec: {shlex.join(ns.argv)}", file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -374,9 +376,9 @@ def _warmed_in_place(ns: argparse.Namespace, spec: Any) -> Any:
     """No service and no bucket: DEST is a directory `warmup warm` filled (in the image, on a volume), and
     the command trains over it as it is, once this machine's toolchain, computed exactly, is the one it was
     warmed under (any other install of the same wheels: docs/compile-caches.md, "Install locations")."""
-    from warmup.activation import check_manifest_toolchain, read_manifest
     from warmup.errors import NotWarmedError
     from warmup.manifest import Manifest
+    from warmup.pod.activation import check_manifest_toolchain, read_manifest
     from warmup.toolchain.model import Toolchain
 
     warmed = read_manifest(ns.dest) if ns.dest else None

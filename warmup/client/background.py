@@ -5,7 +5,7 @@ compiles. So `warmup exec` fetches the manifest, then forks: the child installs 
 none: warmup/client/installing.py) and writes the outcome to a file, while the parent execs the
 training command at once, which imports torch and TRL and loads its model and data meanwhile. The
 training process waits for the outcome (`wait_for_pull`) before anything reads the cache: at Dynamo's
-first compile (a hook warmup/_sitecustomize installs), and before `WarmupCallback` or
+first compile (a hook warmup/pod/_sitecustomize installs), and before `WarmupCallback` or
 `warmup.activate` checks the toolchain the cache was pulled for. A failed download stops the training
 process there with the pull's error (BackgroundPullError), as it stopped `warmup exec` before the
 command started when the pull came first: no run compiles what it was told was warm.

@@ -44,7 +44,7 @@ from warmup.retry import RESTART, RETRY_VARIABLE, Backoff, retry_budget_s, retry
 if TYPE_CHECKING:
     from hashlib import _Hash
 
-    from warmup.spec import Spec
+    from warmup.job.spec import Spec
 
 
 @dataclass(frozen=True)

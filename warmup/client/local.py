@@ -23,7 +23,7 @@ from warmup.errors import WarmupError
 from warmup.manifest import Manifest, ManifestFile, parse_manifest
 
 if TYPE_CHECKING:
-    from warmup.spec import Spec
+    from warmup.job.spec import Spec
 
 INDEX_NAME = ".warmup-index.json"
 TEMP_DIR_NAME = ".warmup-tmp"
@@ -60,7 +60,7 @@ def find_installed(cache_dir: str | Path, spec: Spec) -> tuple[Manifest, Spec] |
     """The manifest a pull of `spec` installed into `cache_dir`, with its spec; else the newest one
     installed for the same job with other data facts (pulled with `--dataset` or `--sample`, which the
     command at hand may not repeat: the facts only choose which shapes were warmed). None if neither."""
-    from warmup.spec import Spec
+    from warmup.job.spec import Spec
 
     manifest = read_local_manifest(cache_dir, spec.key())
     if manifest is not None:

@@ -32,7 +32,7 @@ from warmup.errors import (
 from warmup.manifest import MANIFESTS_PREFIX, Manifest, manifest_object_key, parse_manifest
 
 if TYPE_CHECKING:
-    from warmup.spec import Spec
+    from warmup.job.spec import Spec
     from warmup.store import BlobStore
     from warmup.toolchain.model import Toolchain
 
@@ -149,7 +149,7 @@ def prepare_pull(
 ) -> PendingInstall:
     """The first half of `pull` (same arguments): this pod's toolchain and the manifest of (spec,
     toolchain), checked; nothing is written into `dest` until the returned install runs."""
-    from warmup.spec import Spec, load_spec
+    from warmup.job.spec import Spec, load_spec
     from warmup.toolchain.memo import resolve_toolchain
     from warmup.toolchain.model import Toolchain
 

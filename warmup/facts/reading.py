@@ -20,7 +20,7 @@ from warmup.facts.packing import packed_lengths
 from warmup.facts.recipe import Recipe
 from warmup.facts.rows import BatchRows, Rows
 from warmup.facts.summary import DatasetFacts, Progress, SplitFacts, summarize
-from warmup.spec import Spec
+from warmup.job.spec import Spec
 
 # Rows per batch: large enough for the tokenizer's batch path, small enough to bound memory.
 BATCH_ROWS = 1000
@@ -45,8 +45,8 @@ def dataset_facts(
     trainer of a TRL config that does not say.
     `sample` reads at most that many examples per split and marks the facts as an estimate.
     """
-    from warmup.spec import read_job
-    from warmup.trl_args import resolve_trainer_args
+    from warmup.job.spec import read_job
+    from warmup.job.trl_args import resolve_trainer_args
 
     started = time.monotonic()
     if sample is not None and sample < 1:

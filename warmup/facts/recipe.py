@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from warmup.errors import SpecError
-from warmup.spec import Spec
+from warmup.job.spec import Spec
 from warmup.trainers.record import TrainerFamily
 from warmup.trainers.registry import family
 

@@ -15,7 +15,7 @@ from typing import Any
 from warmup.errors import DatasetError
 from warmup.facts.recipe import Recipe
 from warmup.facts.tokenizing import Tokenize
-from warmup.trl_args import truncation_slice
+from warmup.job.trl_args import truncation_slice
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from warmup.facts.recipe import Recipe
-from warmup.spec import DataFacts
+from warmup.job.spec import DataFacts
 
 # Past this many distinct lengths the histogram rounds lengths down (never up: the planner reads the
 # shortest lengths as lower bounds, and rounding down only ever lists more shapes).

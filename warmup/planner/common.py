@@ -15,11 +15,11 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from warmup.errors import FieldProblem, PlanTooLargeError
-from warmup.model_facts import ModelFacts
+from warmup.job.model_facts import ModelFacts
+from warmup.job.spec import DataFacts, Spec
+from warmup.job.trl_args import TrainerArgs
 from warmup.planner.sharding import sharding_label
 from warmup.signature import Phase, Plan, SettingValue, Signature
-from warmup.spec import DataFacts, Spec
-from warmup.trl_args import TrainerArgs
 
 # Which module TRL calls for a pass, which decides whether torch.compile (Inductor) compiles it:
 # - "wrapped": a module accelerate prepared, so wrapped in torch.compile when torch_compile is on: the policy as

@@ -11,14 +11,14 @@ does both and is what callers normally use.
 from __future__ import annotations
 
 from warmup.errors import EmptyPlanError, FieldProblem, ModelConfigError, SpecError
-from warmup.model_facts import ModelFacts, read_model_facts
+from warmup.job.model_facts import ModelFacts, read_model_facts
+from warmup.job.spec import SUPPORTED_NEURON_CORE_GROUPS, Spec
+from warmup.job.trl_args import TrainerArgs, resolve_trainer_args
 from warmup.planner.common import MAX_SIGNATURES, PlanBuilder
 from warmup.planner.estimate import estimate_seconds
 from warmup.signature import Plan
-from warmup.spec import SUPPORTED_NEURON_CORE_GROUPS, Spec
 from warmup.trace_skip.losses import predicted_loss
 from warmup.trainers.registry import family
-from warmup.trl_args import TrainerArgs, resolve_trainer_args
 
 # Dynamo's default recompile limit per code object (torch._dynamo.config.recompile_limit).
 DYNAMO_DEFAULT_RECOMPILE_LIMIT = 8

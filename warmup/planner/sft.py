@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from warmup.errors import SpecError
+from warmup.job.trl_args import truncated_length
 from warmup.planner.common import (
     PlanBuilder,
     RunsOn,
@@ -20,7 +21,6 @@ from warmup.planner.common import (
     smallest_batch_max,
 )
 from warmup.signature import Phase, SettingValue
-from warmup.trl_args import truncated_length
 
 
 def plan_sft(plan: PlanBuilder) -> None:

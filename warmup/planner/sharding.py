@@ -27,9 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 from warmup.errors import UnsupportedLaunchError
-from warmup.spec import Spec
+from warmup.job.spec import Spec
+from warmup.job.trl_config import Launch
 from warmup.trainers.registry import family
-from warmup.trl_config import Launch
 
 SHARDED = ("FSDP", "DEEPSPEED")
 # DeepSpeed's accelerators (deepspeed/accelerator/real_accelerator.py, SUPPORTED_ACCELERATOR_LIST in 0.19.8).

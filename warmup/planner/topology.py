@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from warmup.job.spec import Spec
+from warmup.job.trl_config import Launch
 from warmup.planner import sharding
-from warmup.spec import Spec
 from warmup.trainers.registry import family
-from warmup.trl_config import Launch
 
 
 def rehearsal_processes(spec: Spec, config: Any, launch: Launch) -> int:

@@ -38,7 +38,10 @@ from warmup._compat import transformers as compat_transformers
 from warmup._compat import trl as compat_trl
 from warmup.backends.registry import get_backend
 from warmup.errors import MissingDependencyError, RehearsalError, WarmupError
-from warmup.peft_args import lora_config
+from warmup.job.peft_args import lora_config
+from warmup.job.spec import Spec
+from warmup.job.trl_args import config_class
+from warmup.job.trl_config import read_trl_args
 from warmup.planner.sharding import check_launch
 from warmup.rehearsal.cpu_sharding import shard_on_cpu
 from warmup.rehearsal.data import (
@@ -51,12 +54,9 @@ from warmup.rehearsal.data import (
     sft_rows,
 )
 from warmup.rehearsal.units import RehearsalUnit
-from warmup.spec import Spec
 from warmup.trace_skip.capture import start_recording
 from warmup.trainers.record import TrainerFamily
 from warmup.trainers.registry import family
-from warmup.trl_args import config_class
-from warmup.trl_config import read_trl_args
 
 # Where a colocate vLLM rehearsal keeps vLLM's own cache inside the cache directory (see vllm_rehearsable).
 VLLM_CACHE_SUBDIR = "vllm"

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmup.activation import read_manifest
 from warmup.artifacts import MANIFEST_NAME, ArtifactFile, copy_tree
 from warmup.errors import ToolchainMismatchError
+from warmup.job.spec import Spec
+from warmup.pod.activation import read_manifest
 from warmup.rehearsal.runner import Progress, Rehearsal, SignatureResult, rehearse_signatures, rehearse_spec
 from warmup.signature import Signature
-from warmup.spec import Spec
 from warmup.toolchain.model import Toolchain
 
 MANIFEST_FORMAT = 1

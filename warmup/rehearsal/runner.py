@@ -59,10 +59,10 @@ from warmup import errors
 from warmup.artifacts import ArtifactFile
 from warmup.backends.registry import get_backend
 from warmup.errors import FieldProblem, RehearsalError, WarmupError
+from warmup.job.spec import Spec
 from warmup.rehearsal.units import RehearsalUnit, UnitPlan, eager_reason, plan_units
 from warmup.rehearsal.zygote import EVENT_PREFIX, run_paths
 from warmup.signature import Signature
-from warmup.spec import Spec
 from warmup.toolchain.model import Toolchain
 from warmup.trace_skip.losses import loss_line
 

@@ -103,7 +103,7 @@ def preload(trainer: str) -> None:
     import trl
 
     from warmup._compat import torch as compat_torch
-    from warmup.trl_args import config_class
+    from warmup.job.trl_args import config_class
 
     compat_torch.import_compiler()
     getattr(trl, family(trainer).trainer_class)  # TRL imports its modules lazily
@@ -155,8 +155,8 @@ def config_facts(spec: Any) -> dict[str, Any]:
 def rehearsal_topology(spec: Any) -> tuple[int, Any, bool]:
     """How many processes rehearse `spec`, the spec each of them runs (see warmup/planner/topology.py), and whether
     the job's launcher shards the model (then its ranks start under that launcher: `job_launcher`)."""
+    from warmup.job.trl_args import resolve_trainer_args
     from warmup.planner.topology import rank_args, rehearsal_processes
-    from warmup.trl_args import resolve_trainer_args
 
     args = resolve_trainer_args(spec)
     processes = rehearsal_processes(spec, args.config, args.launch)
@@ -172,9 +172,9 @@ def job_launcher(spec: Any) -> Iterator[list[str] | None]:
     the trainer config's own fields, deepspeed / fsdp, which TRL's Trainer applies under torchrun as well)."""
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
 
-    from warmup.trl_args import config_class
-    from warmup.trl_config import read_trl_args
-    from warmup.trl_launch import placed_files
+    from warmup.job.trl_args import config_class
+    from warmup.job.trl_config import read_trl_args
+    from warmup.job.trl_launch import placed_files
 
     parsed = read_trl_args(spec, config_class(spec.trainer))
     own = {*parsed.trainer, *parsed.script, "env"}
@@ -206,16 +206,16 @@ def supervise(argv: list[str], files: contextlib.ExitStack) -> int:
     parent = os.getppid()
     job = json.loads(Path(argv[0]).read_text())
     from warmup.errors import WarmupError
+    from warmup.job.spec import Spec
     from warmup.rehearsal.drivers import RunJob
     from warmup.rehearsal.units import plan_units
     from warmup.signature import Signature
-    from warmup.spec import Spec
 
     spec = Spec.model_validate(job["spec"])
     work_root = Path(job["work_root"])
     fork = job["isolation"] == "fork" and spec.target.world_size == 1
     try:
-        from warmup.model_facts import read_model_facts
+        from warmup.job.model_facts import read_model_facts
 
         # A model path this machine lacks (the config was read on another): say which machine looked, and where.
         for model in (spec.model, spec.teacher_model):

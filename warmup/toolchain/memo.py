@@ -89,7 +89,7 @@ def resolve_toolchain(
     - `predicted`: the image's memo knows this install but not this machine: the software facts come
       from it and the machine's (CPU vector ISA, threads, GPU model) are read from the kernel and the
       driver, the CPU target from the compiler driver (warmup/machine.py). The training process computes the exact facts as it starts and
-      refuses a cache pulled for facts that were wrong (warmup.activation.verify_pulled_toolchain);
+      refuses a cache pulled for facts that were wrong (warmup.pod.activation.verify_pulled_toolchain);
     - `computed`: nothing remembered applies: computed, and remembered in the image's memo when it can
       be written (so that `warmup toolchain --remember` in an image build makes every pod fast).
     The facts are read without importing torch: torch's RECORD (the sha256 of every installed file),

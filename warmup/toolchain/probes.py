@@ -93,7 +93,7 @@ def current_toolchain(backend: str, device: str, *, world_size: int = 1) -> Tool
 def prepare_current_toolchain(device: str) -> None:
     """Import what `current_toolchain` imports, so that it can then run in a thread beside other work
     (two threads importing at once can meet a module the other has half imported)."""
-    from warmup import layout, machine  # noqa: F401
+    from warmup import machine  # noqa: F401
 
     try:
         import torch  # noqa: F401  (its import, which the threads must not race)

@@ -43,5 +43,5 @@ The modules, each importing only those before it:
 - `serve`: the training process's artifacts, loaded and served (`enable`, `active`).
 
 Where a training process's compile time went (the trace skip's share of it included) is the coverage report's:
-`warmup/callback/timings.py`.
+`warmup/pod/callback/timings.py`.
 """

@@ -167,7 +167,7 @@ def enable(cache_dir: str | os.PathLike[str]) -> TraceSkip:
 def enable_when_compiled(cache_dir: str | os.PathLike[str], at_exit: Callable[[], None]) -> None:
     """For `warmup exec`'s processes (its sitecustomize): `enable` at the first torch.compile of a model,
     once the cache the command starts beside has finished downloading; then `at_exit` is run at exit (where
-    the compile time went: warmup/callback/timings.py)."""
+    the compile time went: warmup/pod/callback/timings.py)."""
 
     def first(optimized: Any) -> None:
         from warmup.client.background import wait_for_pull

@@ -21,7 +21,7 @@ class TrainerFamily:
     """What trl-warmup knows of one trainer kind (`spec.trainer`)."""
 
     kind: str
-    # TRL's config class, built by TRL itself (warmup/trl_args.py), and the trainer class the rehearsal runs.
+    # TRL's config class, built by TRL itself (warmup/job/trl_args.py), and the trainer class the rehearsal runs.
     config_class: str
     trainer_class: str
     # `module:function` taking a PlanBuilder (warmup/planner/<family>.py).

@@ -13,8 +13,8 @@ from tests.support.length_data import DISTRIBUTIONS
 from warmup.advise.advice import DatasetLengths, SplitLengths, advise, lengths_from_histogram
 from warmup.api.app import create_app
 from warmup.api.services import Services
+from warmup.job.spec import load_spec
 from warmup.settings import Settings
-from warmup.spec import load_spec
 
 LENGTHS = DISTRIBUTIONS["bimodal"](random.Random(4), 90, 5, 200)
 

@@ -21,7 +21,7 @@ from tests.support.preference_runs import pair
 from tests.support.shape_recorder import CPU_ARGS
 from tests.support.tiny_model import init_model, words
 from warmup.advise.advice import DatasetLengths, SplitLengths, advise, lengths_from_facts, replay_epochs
-from warmup.spec import load_spec
+from warmup.job.spec import load_spec
 
 
 def spec_for(trainer: str, model_dir, args: dict, world_size: int = 1):

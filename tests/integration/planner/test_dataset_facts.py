@@ -18,7 +18,7 @@ import pytest
 from tests.support.shape_recorder import CPU_ARGS
 from tests.support.tiny_model import CORPUS, init_model, write_bpe_model
 from warmup.facts.reading import dataset_facts
-from warmup.spec import load_spec
+from warmup.job.spec import load_spec
 
 INDUCTOR_CPU = {"backend": "inductor", "device": "cpu"}
 # The comparisons build TRL's real trainers: integration tests, not unit tests.

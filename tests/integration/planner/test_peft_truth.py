@@ -2,7 +2,7 @@
 and RLOO.
 
 Each job runs TRL's real trainer with the `LoraConfig` TRL's scripts build from the spec's `peft` block
-(`warmup.peft_args.lora_config`), under torch.compile with Dynamo's cheap eager backend. What compiles must be
+(`warmup.job.peft_args.lora_config`), under torch.compile with Dynamo's cheap eager backend. What compiles must be
 exactly the plan's compiled signatures: the training forward of the adapted policy (with gradient checkpointing
 and `enable_input_require_grads` where the job turns it on) and KTO's KL forward; the reference, which TRL runs
 as the policy with its adapter disabled, goes through the bare module and compiles nothing, as the plan labels
@@ -91,7 +91,7 @@ def test_sft_lora_with_gradient_checkpointing(tiny_model_dir, tmp_path):
     from trl import SFTConfig, SFTTrainer
 
     from tests.support.tiny_model import init_model
-    from warmup.peft_args import lora_config
+    from warmup.job.peft_args import lora_config
 
     recorder = ShapeRecorder()
     with compiling(recorder):
@@ -138,8 +138,8 @@ def test_online_lora_reference_is_the_bare_policy(tmp_path_factory, tmp_path, ki
 
 def _with_peft(kind, model_dir, args, *, peft=LORA, data=None):
     """The planner's plan for the job with its peft block (the spec the user would write)."""
+    from warmup.job.spec import load_spec
     from warmup.planner.planning import plan_spec
-    from warmup.spec import load_spec
 
     facts = data or {**ROWS, "num_train_examples": 2}
     return plan_spec(

@@ -23,9 +23,9 @@ from tests.support.shape_recorder import (
     planned_shapes,
 )
 from tests.support.tiny_model import init_model
+from warmup.job.spec import load_spec
 from warmup.planner.planning import plan_spec
 from warmup.signature import Plan
-from warmup.spec import load_spec
 
 
 def run_sft(model_dir, tmp_path, args: dict, train_lengths: list[int], eval_lengths: list[int] | None = None):

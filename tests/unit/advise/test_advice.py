@@ -22,8 +22,8 @@ import yaml
 from tests.support.length_data import DISTRIBUTIONS
 from warmup.advise.advice import DatasetLengths, SplitLengths, advise
 from warmup.cli import main
+from warmup.job.spec import load_spec
 from warmup.planner.estimate import CompileCosts, estimate_seconds
-from warmup.spec import load_spec
 
 BASE_ARGS = {
     "sft": {"per_device_train_batch_size": 4, "max_length": 300},

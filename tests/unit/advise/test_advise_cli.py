@@ -11,7 +11,7 @@ import yaml
 from tests.support.length_data import DISTRIBUTIONS
 from warmup.advise.advice import advise, load_lengths
 from warmup.cli import main
-from warmup.spec import load_spec
+from warmup.job.spec import load_spec
 
 LENGTHS = DISTRIBUTIONS["long_tailed"](random.Random(6), 300, 10, 900)
 

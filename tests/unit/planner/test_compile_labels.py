@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from warmup.model_facts import read_model_facts
+from warmup.job.model_facts import read_model_facts
+from warmup.job.spec import load_spec
+from warmup.job.trl_args import resolve_trainer_args
 from warmup.planner.common import PlanBuilder
 from warmup.planner.planning import estimate_seconds, plan_spec
-from warmup.spec import load_spec
-from warmup.trl_args import resolve_trainer_args
 
 INDUCTOR = {"backend": "inductor", "device": "cpu"}
 NEURON = {"backend": "neuron", "device": "neuron"}

@@ -22,8 +22,8 @@ from tests.support.launch_truth import accelerate_truth, trl_launch_line, write_
 from tests.support.tiny_model import write_bpe_model
 from warmup.cli import main
 from warmup.errors import SpecError
-from warmup.spec import load_spec
-from warmup.trl_args import resolve_trainer_args
+from warmup.job.spec import load_spec
+from warmup.job.trl_args import resolve_trainer_args
 
 EXAMPLES = "examples/accelerate_configs"
 DS_JSON = {
@@ -309,7 +309,7 @@ def test_num_processes_under_a_single_process_file_is_warned_about(workdir, monk
 def test_the_launch_files_travel_with_the_spec_to_where_the_files_are_not(workdir, tmp_path, monkeypatch):
     """A service or a worker plans the spec the CLI read, away from the user's files: the accelerate config, the
     DeepSpeed JSON it names and the trainer's FSDP JSON come in the spec's `files`, and plan the same job."""
-    from warmup.spec import parse_spec
+    from warmup.job.spec import parse_spec
 
     monkeypatch.chdir(workdir)
     (workdir / "fsdp.json").write_text(
@@ -340,7 +340,7 @@ def test_the_launch_files_travel_with_the_spec_to_where_the_files_are_not(workdi
 
 
 def test_a_spec_without_launch_files_keeps_its_key():
-    from warmup.spec import Spec
+    from warmup.job.spec import Spec
 
     spec = Spec(trainer="sft", model="m", args={"max_length": 64})
     assert '"files"' not in spec.canonical_json()

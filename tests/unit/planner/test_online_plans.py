@@ -9,8 +9,8 @@ import pytest
 from tests.support.tiny_model import write_tiny_model
 from warmup.cli import main
 from warmup.errors import EmptyPlanError
+from warmup.job.spec import load_spec
 from warmup.planner.planning import estimate_seconds, plan_spec
-from warmup.spec import load_spec
 
 NEURON = {"backend": "neuron", "device": "neuron"}
 INDUCTOR = {"backend": "inductor", "device": "cpu"}

@@ -12,9 +12,9 @@ import pytest
 
 from warmup.cli import main
 from warmup.errors import EmptyPlanError, SpecError
+from warmup.job.spec import load_spec
 from warmup.planner.planning import estimate_seconds, plan_spec
 from warmup.signature import Plan
-from warmup.spec import load_spec
 
 QWEN3 = {
     "architectures": ["Qwen3ForCausalLM"],

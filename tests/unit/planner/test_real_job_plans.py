@@ -10,9 +10,9 @@ import pytest
 
 from tests.unit.planner.test_preference_plans import CPU, QWEN3, shapes
 from warmup.errors import SpecError
+from warmup.job.spec import load_spec
 from warmup.planner.planning import plan_spec
 from warmup.signature import Plan
-from warmup.spec import load_spec
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_a_peft_block_is_checked_as_trl_reads_it(model):
 def test_lora_config_is_the_one_trl_scripts_build():
     from trl import ModelConfig, get_peft_config
 
-    from warmup.peft_args import lora_config
+    from warmup.job.peft_args import lora_config
 
     settings = {
         "lora_r": 8,

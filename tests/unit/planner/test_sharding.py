@@ -8,10 +8,10 @@ import types
 import pytest
 
 from warmup.errors import UnsupportedLaunchError
+from warmup.job.spec import Spec
+from warmup.job.trl_launch import Launch
 from warmup.planner.sharding import check_launch, notes, refusal, rehearsal_processes, sharding_label
 from warmup.signature import Signature
-from warmup.spec import Spec
-from warmup.trl_launch import Launch
 
 ZERO3 = Launch(processes=8, distributed_type="DEEPSPEED", zero_stage=3, source="accelerate_config zero3")
 ZERO2_OFFLOAD = Launch(processes=8, distributed_type="DEEPSPEED", zero_stage=2, offload_optimizer="cpu")

@@ -3,7 +3,7 @@
 each training process would compute it (`training_process_environment`), and Inductor's CPU ISA probe
 programs built into the cache directory so that the training process does not build them at its first
 compile (`IsaProbes`). `warmup.activate` sets the same backend environment from inside the training process
-(warmup/activation.py).
+(warmup/pod/activation.py).
 
 Pod side: nothing here imports a server package or TRL, and torch only where a tag must be computed.
 """
@@ -90,9 +90,9 @@ class IsaProbes:
 def child_environment(spec: Any, result: Any, server: str | None = None) -> dict[str, str]:
     """What `warmup exec` sets for the command, and `pull --print-env` prints: the backend's cache
     environment (on CPU with the thread count the cache was compiled for), the recompile limits (applied
-    in every Python process by warmup/_sitecustomize), and the spec and server for the training callback."""
-    from warmup._sitecustomize import DIRECTORY
+    in every Python process by warmup/pod/_sitecustomize), and the spec and server for the training callback."""
     from warmup.backends.base import recompile_limits
+    from warmup.pod._sitecustomize import DIRECTORY
 
     env = training_process_environment(
         result.manifest, result.dest, spec.target.world_size, getattr(result, "toolchain_source", "")

@@ -2,7 +2,7 @@
 and transformers.
 
 A trl config file is one flat mapping for several dataclasses. Sorting its keys into the model (ModelConfig),
-the dataset selection and the script's own arguments is what turns it into a spec (`warmup.spec`), and every
+the dataset selection and the script's own arguments is what turns it into a spec (`warmup.job.spec`), and every
 release may move a field (accelerate 1.16 dropped `fp8_opt_level` from its launch options). So the lists come
 from the packages installed here: computed once for each set of versions (this imports TRL, so a few seconds)
 and remembered beside the image's toolchain memo, where `warmup doctor` (or any command reading a trl config)
@@ -74,7 +74,7 @@ def build() -> dict[str, Any]:
     return {
         "about": "Fields of the dataclasses `trl <trainer> --config` parses (TrainingArguments', each trainer "
         "config's own, the script's), the options of accelerate's launch parser, the content of TRL's accelerate "
-        "presets, and the trainers under trl.experimental; written by warmup.trl_fields from the installed "
+        "presets, and the trainers under trl.experimental; written by warmup.job.trl_fields from the installed "
         "TRL, accelerate and transformers.",
         "trl": trl.__version__,
         "accelerate": accelerate.__version__,

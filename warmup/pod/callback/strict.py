@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from warmup.callback.report import Shape, label
 from warmup.diagnosis import Diagnosis
 from warmup.errors import UnwarmedCompileError
+from warmup.pod.callback.report import Shape, label
 
 STRICT_ENV = "WARMUP_STRICT"  # `warmup exec --strict` sets it for the training process
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from warmup.callback.timings import describe_timings, verdict_said
+from warmup.pod.callback.timings import describe_timings, verdict_said
 
 log = logging.getLogger(__name__)
 

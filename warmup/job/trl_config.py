@@ -30,10 +30,10 @@ from importlib import resources
 from typing import Any
 
 from warmup.errors import FieldProblem, MissingDependencyError
-from warmup.spec import Spec, trl_refuses
+from warmup.job.spec import Spec, trl_refuses
+from warmup.job.trl_launch import Launch as Launch  # re-exported: the interface's first home
+from warmup.job.trl_launch import LaunchProblem, placed_files, read_launch
 from warmup.trainers.registry import family
-from warmup.trl_launch import Launch as Launch  # re-exported: the interface's first home
-from warmup.trl_launch import LaunchProblem, placed_files, read_launch
 
 # Fixes no deprecation message states (the field is still there, or left without a word).
 HAND_HINTS: dict[str, str] = {
@@ -185,7 +185,7 @@ def _read(spec: Spec, config_class: type) -> TrlArgs:
             script[name] = value
     launch = _read_launcher(spec, leftover, trainer, problems)
     if launch.processes is not None and launch.processes != spec.target.world_size:
-        # spec.py counts the processes without accelerate (warmup.spec.launched_processes); they must agree
+        # spec.py counts the processes without accelerate (warmup.job.spec.launched_processes); they must agree
         problems.append(
             FieldProblem(
                 "target.world_size",
@@ -210,7 +210,7 @@ def _read_launcher(
     spec: Spec, leftover: dict[str, Any], trainer: dict[str, Any], problems: list[FieldProblem]
 ) -> Launch:
     """The keys the script's parser does not know go to `accelerate launch`, which must know them; then the launch
-    line `trl` builds is read as accelerate reads it (warmup/trl_launch.py)."""
+    line `trl` builds is read as accelerate reads it (warmup/job/trl_launch.py)."""
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
 
     parser = _launch_parser()

@@ -27,10 +27,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from warmup._compat import accelerate as compat_accelerate
 from warmup.errors import FieldProblem, MissingDependencyError, SpecError
-from warmup.peft_args import peft_problems
-from warmup.spec import Spec
+from warmup.job.peft_args import peft_problems
+from warmup.job.spec import Spec
+from warmup.job.trl_launch import Launch, with_trainer_fsdp
 from warmup.trainers.registry import FAMILIES, family
-from warmup.trl_launch import Launch, with_trainer_fsdp
 
 # Integer fields that size tensors: zero or negative values are impossible (TRL does not check all).
 POSITIVE_INT_FIELDS = (
@@ -140,7 +140,7 @@ def resolve_trainer_args(spec: Spec) -> TrainerArgs:
 
     Raises SpecError naming every bad field (`args.<name>`) with the reason and the fix.
     """
-    from warmup.trl_config import MACHINE_CHECKED, read_trl_args, value_problem
+    from warmup.job.trl_config import MACHINE_CHECKED, read_trl_args, value_problem
 
     cls = config_class(spec.trainer)
     fields = _fields(cls)

@@ -47,16 +47,23 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from warmup.callback.report import MAX_LISTED_FILES, Shape, label, post_report, report_toolchain, write_report
-from warmup.callback.strict import nothing_pulled, recompiled, strict_by_default, would_compile
-from warmup.callback.timings import compile_timings  # Dynamo's timers: any torch.compile backend
 from warmup.diagnosis import Diagnosis, RunFacts, args_differences, diagnose
 from warmup.errors import WarmupError
+from warmup.pod.callback.report import (
+    MAX_LISTED_FILES,
+    Shape,
+    label,
+    post_report,
+    report_toolchain,
+    write_report,
+)
+from warmup.pod.callback.strict import nothing_pulled, recompiled, strict_by_default, would_compile
+from warmup.pod.callback.timings import compile_timings  # Dynamo's timers: any torch.compile backend
 
 if TYPE_CHECKING:
-    from warmup.activation import ToolchainCheck
+    from warmup.pod.activation import ToolchainCheck
 
-log = logging.getLogger("warmup.callback")
+log = logging.getLogger("warmup.pod.callback")
 
 
 @dataclass
@@ -78,7 +85,7 @@ class WarmupCallback(TrainerCallback):
         timeout_s: float = 10.0,
         strict: bool | None = None,
     ) -> None:
-        from warmup.spec import Spec, load_spec
+        from warmup.job.spec import Spec, load_spec
 
         raw = os.environ.get("WARMUP_SPEC") if spec is None else spec
         if raw is None:
@@ -201,13 +208,13 @@ class WarmupCallback(TrainerCallback):
 
     def _verify_toolchain(self) -> None:
         """Compute this process's toolchain exactly and refuse a cache pulled for another one (the pod may
-        have remembered or predicted its facts: warmup.activation.verify_pulled_toolchain)."""
+        have remembered or predicted its facts: warmup.pod.activation.verify_pulled_toolchain)."""
         if self._verified:
             return
         self._verified = True
-        from warmup.activation import read_manifest, verify_pulled_toolchain
         from warmup.client.background import wait_for_pull
         from warmup.client.local import read_local_manifest
+        from warmup.pod.activation import read_manifest, verify_pulled_toolchain
 
         try:
             wait_for_pull()  # under `warmup exec`, the cache may still be downloading beside this process

@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from warmup.errors import FieldProblem
-from warmup.spec import missing_launch_file
+from warmup.job.spec import missing_launch_file
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,12 +61,12 @@ def _trainers(module: ModuleType) -> None:
 
     def wrap(init: Any) -> Any:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            from warmup.callback.observer import WarmupCallback
-            from warmup.callback.timings import first_step_clock
+            from warmup.pod.callback.observer import WarmupCallback
+            from warmup.pod.callback.timings import first_step_clock
 
             given = kwargs.get("callbacks") or ()
             # Built before the trainer, as a script passing `callbacks=[...]` does (planning keeps accelerate's
-            # state either way: warmup.trl_args.accelerate_state_kept).
+            # state either way: warmup.job.trl_args.accelerate_state_kept).
             callback = None
             if strict and not any(isinstance(c, WarmupCallback) for c in given):
                 callback = WarmupCallback(strict=True)
@@ -109,7 +109,7 @@ def _skip_warmed_traces(module: ModuleType) -> None:
     """A warmed cache with trace artifacts (warmup/trace_skip/): the first model torch.compile wraps gets
     them, once the download beside the command is done; under WARMUP_TRACE_SKIP=0 its backbone is split as
     the warm-up split it, without them. At exit, where the compile time went."""
-    from warmup.callback.timings import exit_line
+    from warmup.pod.callback.timings import exit_line
     from warmup.trace_skip.serve import enable_when_compiled
 
     enable_when_compiled(os.environ["TORCHINDUCTOR_CACHE_DIR"], exit_line)

@@ -7,9 +7,9 @@ on. It is read from our YAML/JSON form or imported from the YAML a user passes t
 
 This module needs neither TRL nor torch: a training pod loads specs with the base install. A trl
 config's keys are sorted by the fields of TRL's script dataclasses: the installed TRL's where it is installed
-(`warmup.trl_fields`, remembered once computed), else those shipped as data
-(`warmup/data/trl_cli_fields.json`); reading them as TRL reads them (`warmup.trl_config`) and the
-check against TRL's real config classes (`warmup.trl_args`) run where TRL is installed, when the job
+(`warmup.job.trl_fields`, remembered once computed), else those shipped as data
+(`warmup/data/trl_cli_fields.json`); reading them as TRL reads them (`warmup.job.trl_config`) and the
+check against TRL's real config classes (`warmup.job.trl_args`) run where TRL is installed, when the job
 is planned or warmed. A side file (`read_job(side=...)`) carries what `trl` must not see: the
 trainer, the target, the data facts or the dataset to compute them from, the worker pool.
 """
@@ -463,14 +463,14 @@ def installed_trl_versions() -> dict[str, str] | None:
 @functools.cache
 def trl_cli_fields() -> dict[str, Any]:
     """What `trl <trainer> --config` reads besides the trainer config: the installed TRL's, accelerate's and
-    transformers' (`warmup.trl_fields`, computed once per set of versions, which imports TRL), or the lists
+    transformers' (`warmup.job.trl_fields`, computed once per set of versions, which imports TRL), or the lists
     shipped with trl-warmup where they are those versions' or where TRL is not installed: a pod reads its trl
     config with the base install, and `warmup doctor` says which lists it reads."""
     shipped = shipped_trl_cli_fields()
     installed = installed_trl_versions()
     if installed is None or all(shipped.get(name) == version for name, version in installed.items()):
         return shipped
-    from warmup.trl_fields import fields_for
+    from warmup.job.trl_fields import fields_for
 
     return fields_for(installed)
 
@@ -497,7 +497,7 @@ def from_trl_cli_config(
     `model_init_kwargs` and its LoRA fields `peft` (as `main()` of each script does), the dataset selection
     is left out (its facts go in `data`), and everything else stays in `args` as given: the trainer
     config's fields, the script's own arguments, `env` and the keys `trl` hands to `accelerate launch`.
-    `warmup.trl_config` checks `args` with TRL's parser when the job is planned.
+    `warmup.job.trl_config` checks `args` with TRL's parser when the job is planned.
     """
     side = dict(side or {})
     flat = dict(data)
@@ -608,7 +608,7 @@ def launched_processes(args: dict[str, Any], files: dict[str, Any]) -> int | Non
     """How many processes `accelerate launch` starts for a trl config's launch keys, by accelerate's rule: the
     config file (`config_file`, else `accelerate_config`: a file or one of TRL's presets) picks the launcher and its
     count, an explicit `num_processes` wins over the file's. None when the launch names no count (accelerate counts
-    the training machine's GPUs). `files`: the launch files' content (`launch_files`). `warmup.trl_launch` reads the
+    the training machine's GPUs). `files`: the launch files' content (`launch_files`). `warmup.job.trl_launch` reads the
     whole launch with accelerate itself; a test holds the two equal."""
     count = _count(args.get("num_processes"))
     if "config_file" in args:  # `trl` puts accelerate_config's file first: a config_file key wins
@@ -619,7 +619,7 @@ def launched_processes(args: dict[str, Any], files: dict[str, Any]) -> int | Non
     else:
         return count
     if not isinstance(config, dict):
-        return None  # accelerate (or TRL) refuses it; warmup.trl_config says so with their words
+        return None  # accelerate (or TRL) refuses it; warmup.job.trl_config says so with their words
     distributed = str(config.get("distributed_type", "NO")).upper()
     multi = distributed in MULTI_PROCESS_TYPES or (
         distributed.startswith("MULTI_") and distributed != "MULTI_CPU"
@@ -676,7 +676,7 @@ def missing_launch_file(path: Any, what: str) -> str:
 
 
 def _count(value: Any) -> int | None:
-    """accelerate's int() of `--num_processes str(value)`; None for what it refuses (warmup.trl_config says why)."""
+    """accelerate's int() of `--num_processes str(value)`; None for what it refuses (warmup.job.trl_config says why)."""
     try:
         count = int(str(value))
     except ValueError:

@@ -32,7 +32,7 @@ from warmup.artifacts import MANIFEST_NAME
 from warmup.backends.base import Backend, CompileCounter, FreshCompiles, recompile_limits
 from warmup.backends.registry import get_backend
 from warmup.errors import NotWarmedError, SpecError, ToolchainMismatchError
-from warmup.spec import Spec, load_spec
+from warmup.job.spec import Spec, load_spec
 from warmup.toolchain.probes import prepare_current_toolchain, side_by_side
 from warmup.trace_skip.serve import TraceSkip, enable
 
