@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import re
 import socket
 import tempfile
 import threading
@@ -49,6 +50,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("warmup.worker")
 TASK_FOLDER = "warmup-task-"
+_TASK_FOLDER_NAME = re.compile(rf"^{TASK_FOLDER}(\d+)-(.+)-[^-]+$")  # mkdtemp's random suffix has no dash
+
+
+def task_folder_prefix(task_id: int, worker_id: str) -> str:
+    """A task folder's name: the task and the worker holding it (`task_folder_owner` reads them back)."""
+    return f"{TASK_FOLDER}{task_id}-{worker_id}-"
+
+
+def task_folder_owner(name: str) -> tuple[int, str] | None:
+    """(task id, worker id) from a task folder's name, or None for a name `task_folder_prefix` did not make."""
+    match = _TASK_FOLDER_NAME.match(name)
+    return (int(match.group(1)), match.group(2)) if match else None
 
 
 @dataclass
@@ -189,6 +202,7 @@ class Worker:
         workers sharing the folder or the store are locked by them and stay (warmup/leftovers.py)."""
         work_dir = self.options.work_dir or Path(tempfile.gettempdir())
         folders = remove_abandoned(sorted(work_dir.glob(f"{TASK_FOLDER}*")))
+        self._take_back_tasks_of_killed_workers(folders.paths)
         uploads = self.store.remove_stale_uploads()
         for removed, what in (
             (folders, f"task folders in {work_dir}"),
@@ -196,6 +210,22 @@ class Worker:
         ):
             if removed.paths:
                 log.warning("%s", removed.describe(what))
+
+    def _take_back_tasks_of_killed_workers(self, abandoned: list[Path]) -> None:
+        """An abandoned task folder names its task and the worker that held it: that worker is dead (the
+        kernel dropped its lock), so its lease ends now rather than when it runs out (a `warmup serve`
+        restarted at once takes its own task back in seconds, not after the lease)."""
+        for folder in abandoned:
+            named = task_folder_owner(folder.name)
+            if named is None:
+                continue
+            task_id, worker_id = named
+            if self.queue.end_lease_of_dead_worker(task_id, worker_id):
+                log.warning(
+                    "task %d: its worker %s was killed (its task folder was abandoned); the task is due again now",
+                    task_id,
+                    worker_id,
+                )
 
     def _stopped_in_an_outage(self, error: BaseException) -> bool:
         """Asked to stop while waiting out a database outage: the wait ends, and so does the worker."""
@@ -243,7 +273,9 @@ class Worker:
         heartbeat = _Heartbeat(self.queue, task.id, self.options.worker_id, self.options.lease_s)
         heartbeat.start()
         # Locked while the task runs: a worker starting meanwhile leaves it alone (remove_leftovers).
-        lock, work = locked_temp_dir(self.options.work_dir, f"{TASK_FOLDER}{task.id}-")
+        lock, work = locked_temp_dir(
+            self.options.work_dir, task_folder_prefix(task.id, self.options.worker_id)
+        )
         try:
             result = self._rehearse(Spec.model_validate(task.spec.data), signature, work, heartbeat)
             if heartbeat.lost.is_set():

@@ -315,6 +315,36 @@ def test_sigkill_around_a_heartbeat_the_task_is_claimed_again_and_completes(setu
     record(Row(scenario=f"worker: SIGKILL {moment}", faults_injected=1, jobs_completed=1, data_lost=lost))
 
 
+def test_a_worker_started_after_a_killed_one_takes_its_task_back_at_once(setup, workers):
+    """A restarted `warmup serve` (or any worker sharing the killed one's work folder) does not wait for the
+    dead worker's lease: the abandoned task folder names the task and its worker."""
+    s = setup()
+    first = WorkerProcess(
+        s, "first", {**fake_artifacts(), "WARMUP_FAULT_HOLD_REHEARSAL": "1"}, "--lease", "600"
+    )
+    workers.append(first)
+    wait_for(lambda: (s.faults / "rehearsing").exists(), PATIENCE_S, "the first worker to claim", first)
+    first.signal(signal.SIGKILL)
+    assert first.wait(30) == -signal.SIGKILL
+    assert not lease_expired(s.engine)  # ten minutes left on the dead worker's lease
+
+    second = WorkerProcess(s, "second", fake_artifacts(), "--exit-when-idle")
+    workers.append(second)
+    assert second.wait(PATIENCE_S) == 0, second.log
+    assert "was killed (its task folder was abandoned); the task is due again now" in second.log
+    [task] = tasks(s.engine)
+    assert task.state == m.TaskState.done and task.attempts == 2, task
+    lost = assert_nothing_lost(s)
+    record(
+        Row(
+            scenario="worker: SIGKILL, a worker started at once",
+            faults_injected=1,
+            jobs_completed=1,
+            data_lost=lost,
+        )
+    )
+
+
 # --- a hung worker -------------------------------------------------------------------------------
 
 

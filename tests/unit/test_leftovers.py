@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures import factories
 from tests.fixtures.factories import cpu_toolchain
 from warmup.db.engine import make_engine
+from warmup.db.migrate import upgrade
 from warmup.leftovers import locked_temp_dir, remove_abandoned
 from warmup.store import LocalBlobStore
-from warmup.worker.loop import TASK_FOLDER, Worker, WorkerOptions
+from warmup.db.queue import TaskQueue
+from warmup.worker.loop import TASK_FOLDER, Worker, WorkerOptions, task_folder_owner, task_folder_prefix
 
 
 def test_a_starting_worker_removes_what_killed_workers_left(tmp_path: Path, caplog) -> None:
@@ -48,6 +51,45 @@ def test_a_starting_worker_removes_what_killed_workers_left(tmp_path: Path, capl
         os.close(lock)
         worker.engine.dispose()
     assert remove_abandoned([live]).paths == [live]  # its worker is done: nothing holds it
+
+
+def test_a_starting_worker_takes_back_at_once_the_task_a_killed_worker_held(tmp_path: Path) -> None:
+    """`warmup serve` killed mid-task and started again: its new worker finds the old one's task folder
+    abandoned, so the task is due now instead of when its lease runs out."""
+    work, store = tmp_path / "work", LocalBlobStore(tmp_path / "store")
+    work.mkdir()
+    store.check()
+    url = f"sqlite:///{tmp_path / 'warmup.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    queue, toolchain = TaskQueue(engine), factories.toolchain()
+    queue.submit_job(factories.spec(), toolchain, factories.signatures(2))
+    killed_id = "host-4242-0a1b2c"
+    held = queue.claim(killed_id, toolchain.key, lease_s=600)
+    live = queue.claim("host-77-live", toolchain.key, lease_s=600)
+    assert held is not None and live is not None
+    (work / f"{task_folder_prefix(held.id, killed_id)}x8_k2q").mkdir()  # its lock died with it
+    lock, _ = locked_temp_dir(work, task_folder_prefix(live.id, "host-77-live"))  # a live worker's
+    worker = Worker(
+        WorkerOptions(database_url=url, store_url=str(store.root), work_dir=work),
+        engine=engine,
+        store=store,
+        toolchain=cpu_toolchain(),
+    )
+    try:
+        worker.remove_leftovers()
+        again = queue.claim(worker.options.worker_id, toolchain.key, lease_s=60)
+        assert again is not None and again.id == held.id
+        assert queue.claim("another", toolchain.key, lease_s=60) is None  # the live one's stays held
+    finally:
+        os.close(lock)
+        engine.dispose()
+
+
+def test_a_task_folder_names_its_task_and_worker() -> None:
+    prefix = task_folder_prefix(12, "pod-a-b-31-9f8e7d")
+    assert task_folder_owner(f"{prefix}k_2j9x0q") == (12, "pod-a-b-31-9f8e7d")
+    assert task_folder_owner(f"{TASK_FOLDER}7-abc") is None  # an older worker's name: no owner to read
 
 
 @pytest.mark.parametrize("kind", ["file", "folder"])

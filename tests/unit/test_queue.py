@@ -181,6 +181,21 @@ def test_an_expired_lease_still_counts_until_someone_claims_the_task(
     assert queue.claim("other", TOOLCHAIN.key, lease_s=60) is None
 
 
+def test_a_dead_workers_lease_ends_at_once_and_only_its_own(queue: TaskQueue) -> None:
+    submit(queue, 2)
+    killed = queue.claim("killed", TOOLCHAIN.key, lease_s=600)
+    live = queue.claim("live", TOOLCHAIN.key, lease_s=600)
+    assert queue.claim("restarted", TOOLCHAIN.key, lease_s=60) is None  # both leases run for 10 minutes
+    assert not queue.end_lease_of_dead_worker(live.id, "killed")  # not the dead worker's: left alone
+    assert queue.end_lease_of_dead_worker(killed.id, "killed")
+    again = queue.claim("restarted", TOOLCHAIN.key, lease_s=60)
+    assert again is not None and again.id == killed.id and again.attempts == 2
+    assert "the previous attempt stopped: the lease of worker killed" in (
+        task_row(queue.engine, again.id).error or ""
+    )
+    assert not queue.end_lease_of_dead_worker(killed.id, "killed")  # no longer its task
+
+
 def test_heartbeat_extends_the_lease_and_keeps_the_log(queue: TaskQueue, repo: Repository) -> None:
     submit(queue, 1)
     task = queue.claim("w", TOOLCHAIN.key, lease_s=60)

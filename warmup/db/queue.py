@@ -387,6 +387,19 @@ class TaskQueue:
             if released is None:
                 raise LeaseLostError(task_id, worker_id)
 
+    def end_lease_of_dead_worker(self, task_id: int, worker_id: str) -> bool:
+        """End now the lease `worker_id` holds on a running task, when that worker is known to be dead (a
+        worker found its task folder abandoned: warmup/leftovers.py); the next claim takes the task as it
+        takes one whose lease ran out, counting the attempt. False if the worker no longer holds it."""
+        with self._sessions.begin() as session:
+            ended = session.execute(
+                update(m.Task)
+                .where(*self._held(task_id, worker_id))
+                .values(lease_expires_at=db_now(-1))
+                .returning(m.Task.id)
+            ).scalar_one_or_none()
+        return ended is not None
+
     def fail_stalled(self, toolchain_key: str | None = None) -> int:
         """Fail the tasks whose lease expired on their last allowed attempt; returns how many. `claim`
         does this for its toolchain; the server may call it for all of them."""
