@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import re
+import shutil
 import socket
 import tempfile
 import threading

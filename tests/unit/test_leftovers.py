@@ -12,9 +12,9 @@ from tests.fixtures import factories
 from tests.fixtures.factories import cpu_toolchain
 from warmup.db.engine import make_engine
 from warmup.db.migrate import upgrade
+from warmup.db.queue import TaskQueue
 from warmup.leftovers import locked_temp_dir, remove_abandoned
 from warmup.store import LocalBlobStore
-from warmup.db.queue import TaskQueue
 from warmup.worker.loop import TASK_FOLDER, Worker, WorkerOptions, task_folder_owner, task_folder_prefix
 
 
