@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from warmup.pod._sitecustomize import DIRECTORY
+from warmup.pod.training_env import SITECUSTOMIZE_DIRECTORY as DIRECTORY
 
 SERVER_PACKAGES = (
     "fastapi",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -345,3 +346,26 @@ def test_exec_makes_inductors_key_tag_from_exact_toolchain_facts_and_computes_it
         training_process_environment(wrong_manifest, wrong, 1, "predicted")["TORCH_COMPILE_CACHE_KEY_TAG"]
         == computed_tag
     )
+
+
+def test_exec_and_activate_set_vllms_cache_for_a_colocate_job_and_only_for_it(
+    spec, exact, tmp_path, monkeypatch
+):
+    """One rule for where vLLM's compile cache is (`vllm_environment`): `warmup exec` (and `--print-env`) set it
+    for the training command as `warmup.activate` sets it in the process."""
+    from warmup.pod.activation import activate
+    from warmup.pod.training_env import child_environment, vllm_environment
+
+    dest = pulled_into(tmp_path / "cache", spec, exact, plan_spec(spec).signatures)
+    manifest = read_local_manifest(dest, spec.key())
+    colocate = spec.model_copy(update={"args": {**spec.args, "use_vllm": True}})
+    server = spec.model_copy(update={"args": {**spec.args, "use_vllm": True, "vllm_mode": "server"}})
+    pulled = SimpleNamespace(manifest=manifest, dest=dest, toolchain_source="exact")
+    assert child_environment(colocate, pulled)["VLLM_CACHE_ROOT"] == str(dest / "vllm")
+    for other in (spec, server):
+        assert "VLLM_CACHE_ROOT" not in child_environment(other, pulled)
+        assert vllm_environment(other.args, dest) == {}
+
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    activation = activate(colocate, dest, plan_size=2, check_toolchain=False)
+    assert activation.env["VLLM_CACHE_ROOT"] == os.environ["VLLM_CACHE_ROOT"] == str(dest.absolute() / "vllm")

@@ -203,7 +203,7 @@ def plan_generation(plan: PlanBuilder, batches: Iterable[int], rollouts: Rollout
                 "in server mode it belongs to the vLLM server's process, which this warm-up does not start"
                 if mode == "server"
                 else "a colocate rehearsal on a worker with vLLM installed keeps use_vllm and points "
-                "VLLM_CACHE_ROOT into the entry (warmup.activate sets it in the job); where vLLM is not "
+                "VLLM_CACHE_ROOT into the entry (warmup exec and warmup.activate set it in the job); where vLLM is not "
                 "installed it is not warmed and vLLM compiles at start-up"
             )
         )

@@ -33,6 +33,7 @@ from warmup.backends.base import Backend, CompileCounter, FreshCompiles, recompi
 from warmup.backends.registry import get_backend
 from warmup.errors import NotWarmedError, SpecError, ToolchainMismatchError
 from warmup.job.spec import Spec, load_spec
+from warmup.pod.training_env import vllm_environment
 from warmup.toolchain.probes import prepare_current_toolchain, side_by_side
 from warmup.trace_skip.serve import TraceSkip, enable
 
@@ -93,10 +94,9 @@ def activate(
     env = backend.configure_process(cache, size)
     if env.get(layout.ENV_VAR) == "1":  # a training process: its kernels come from the cache
         layout.defer_precompiled_headers()
-    if spec.args.get("use_vllm") and spec.args.get("vllm_mode", "colocate") == "colocate":
-        # vLLM's own compile cache, where a colocate rehearsal put it (unverified: see docs/compile-caches.md)
-        env = {**env, "VLLM_CACHE_ROOT": str(cache / "vllm")}
-        os.environ["VLLM_CACHE_ROOT"] = env["VLLM_CACHE_ROOT"]
+    vllm = vllm_environment(spec.args, cache)  # what `warmup exec` sets too
+    env = {**env, **vllm}
+    os.environ.update(vllm)
     # before the trainer is built: accelerate's torch.compile gets the artifacts made for its model
     trace = enable(cache)
     return Activation(

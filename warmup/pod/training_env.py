@@ -22,6 +22,21 @@ if TYPE_CHECKING:
     from warmup.manifest import Manifest
 
 
+# What `warmup exec` puts first on the training command's PYTHONPATH: its `sitecustomize` runs at start-up.
+SITECUSTOMIZE_DIRECTORY = Path(__file__).resolve().parent / "_sitecustomize"
+VLLM_CACHE_SUBDIR = "vllm"  # vLLM's own compile cache inside a cache dir, where a colocate rehearsal puts it
+
+
+def vllm_environment(args: dict[str, Any], cache_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """`VLLM_CACHE_ROOT` for a job that generates with vLLM in its own processes (colocate mode): the cache
+    dir's `vllm/`, where the rehearsal had vLLM compile (written against vLLM's documented cache layout,
+    unverified here: docs/compile-caches.md). Empty for any other job. `warmup exec` and `warmup.activate`
+    both set it, and the rehearsal compiles under it."""
+    if args.get("use_vllm") and args.get("vllm_mode", "colocate") == "colocate":
+        return {"VLLM_CACHE_ROOT": str(Path(cache_dir) / VLLM_CACHE_SUBDIR)}
+    return {}
+
+
 class IsaProbes:
     """Inductor's CPU probe programs, built for DEST while the toolchain is computed (or the image's), and
     copied into DEST once the install succeeded.
@@ -90,9 +105,9 @@ class IsaProbes:
 def child_environment(spec: Any, result: Any, server: str | None = None) -> dict[str, str]:
     """What `warmup exec` sets for the command, and `pull --print-env` prints: the backend's cache
     environment (on CPU with the thread count the cache was compiled for), the recompile limits (applied
-    in every Python process by warmup/pod/_sitecustomize), and the spec and server for the training callback."""
+    in every Python process by warmup/pod/_sitecustomize), vLLM's cache for a colocate job (`vllm_environment`), and
+    the spec and server for the training callback."""
     from warmup.backends.base import recompile_limits
-    from warmup.pod._sitecustomize import DIRECTORY
 
     env = training_process_environment(
         result.manifest, result.dest, spec.target.world_size, getattr(result, "toolchain_source", "")
@@ -105,10 +120,14 @@ def child_environment(spec: Any, result: Any, server: str | None = None) -> dict
     limit, accumulated = recompile_limits(result.manifest.plan_size)
     env["WARMUP_RECOMPILE_LIMIT"] = str(limit)
     env["WARMUP_ACCUMULATED_RECOMPILE_LIMIT"] = str(accumulated)
+    env.update(vllm_environment(spec.args, result.dest))
     env["WARMUP_SPEC"] = spec.canonical_json()
     if server:
         env["WARMUP_SERVER"] = server
-    paths = [str(DIRECTORY), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    paths = [
+        str(SITECUSTOMIZE_DIRECTORY),
+        *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p],
+    ]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
 

@@ -43,6 +43,7 @@ from warmup.job.spec import Spec
 from warmup.job.trl_args import config_class
 from warmup.job.trl_config import read_trl_args
 from warmup.planner.sharding import check_launch
+from warmup.pod.training_env import vllm_environment
 from warmup.rehearsal.cpu_sharding import shard_on_cpu
 from warmup.rehearsal.data import (
     TextMaker,
@@ -59,7 +60,6 @@ from warmup.trainers.record import TrainerFamily
 from warmup.trainers.registry import family
 
 # Where a colocate vLLM rehearsal keeps vLLM's own cache inside the cache directory (see vllm_rehearsable).
-VLLM_CACHE_SUBDIR = "vllm"
 # Loading arguments of from_pretrained that from_config does not take; the rest configure the model.
 LOADING_ONLY_KWARGS = (
     "device_map",
@@ -440,7 +440,7 @@ def build_trainer(job: RunJob) -> tuple[Any, Observed]:
     if getattr(config, "use_vllm", False):
         import os
 
-        os.environ["VLLM_CACHE_ROOT"] = str(job.cache_dir / VLLM_CACHE_SUBDIR)
+        os.environ.update(vllm_environment(spec.args, job.cache_dir))  # where the job's processes look
     tokenizer = AutoTokenizer.from_pretrained(spec.model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # what TRL does when the tokenizer has none

@@ -1,10 +1,3 @@
-"""The directory `warmup exec` puts first on the training command's PYTHONPATH (see sitecustomize.py).
-
-Nothing imports this package; `DIRECTORY` is where its `sitecustomize` module lives.
+"""The directory `warmup exec` puts first on the training command's PYTHONPATH (see sitecustomize.py;
+`warmup.pod.training_env.SITECUSTOMIZE_DIRECTORY` names it). Nothing imports this package.
 """
-
-from __future__ import annotations
-
-from pathlib import Path
-
-DIRECTORY = Path(__file__).resolve().parent
