@@ -284,7 +284,7 @@ class Services:
         recorded under its toolchain; None when the spec cannot be advised (no histogram, another trainer)."""
 
         def compute() -> tuple[Advice | None]:
-            if family(spec.trainer).dataset_rows != "sft" or not spec.data.length_histogram:
+            if not family(spec.trainer).advised_from_histogram or not spec.data.length_histogram:
                 return (None,)
             costs = self.recorded_compile_costs(toolchain_key, spec.target.backend)
             step_seconds, measured_by = self.recorded_step_seconds(spec, toolchain_key)

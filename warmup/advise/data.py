@@ -298,7 +298,7 @@ def lengths_from_facts(trainer: str, facts: DatasetFacts) -> DatasetLengths:
 def lengths_from_histogram(trainer: str, histogram: dict[int, int] | None) -> DatasetLengths:
     """Lengths from a spec's `data.length_histogram`: SFT rows only, and the dataset order is unknown (the
     examples are taken shortest first, then shuffled by the sampler like any dataset)."""
-    if family(trainer).dataset_rows != "sft" or not histogram:
+    if not family(trainer).advised_from_histogram or not histogram:
         raise SpecError(
             "give the dataset's per-example lengths (--lengths); without them only an SFT spec with "
             "data.length_histogram can be advised",

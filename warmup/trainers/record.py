@@ -63,6 +63,9 @@ class TrainerFamily:
     needs_teacher: bool = False
     # `warmup advise` replays its batching (warmup/advise/).
     advised: bool = False
+    # A spec's data.length_histogram holds each example's whole row length (one sequence per row), enough for
+    # `warmup advise` and the status page's advice without the dataset (SFT).
+    advised_from_histogram: bool = False
 
     def plan(self, builder: Any) -> None:
         """Add the family's signatures to a `warmup.planner.common.PlanBuilder`."""

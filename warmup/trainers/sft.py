@@ -14,4 +14,5 @@ FAMILY = TrainerFamily(
     plans_negative_max_length=True,
     fused_lm_head_loss=True,
     advised=True,
+    advised_from_histogram=True,
 )
