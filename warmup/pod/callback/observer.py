@@ -39,9 +39,7 @@ import logging
 import os
 import socket
 import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +47,7 @@ from transformers import TrainerCallback
 
 from warmup.diagnosis import Diagnosis, RunFacts, args_differences, diagnose
 from warmup.errors import WarmupError
+from warmup.pod.callback.ledger import CompileLedger
 from warmup.pod.callback.report import (
     MAX_LISTED_FILES,
     Shape,
@@ -64,12 +63,6 @@ if TYPE_CHECKING:
     from warmup.pod.activation import ToolchainCheck
 
 log = logging.getLogger("warmup.pod.callback")
-
-
-@dataclass
-class _Met:
-    step: int
-    compiled: bool = False
 
 
 class WarmupCallback(TrainerCallback):
@@ -99,11 +92,8 @@ class WarmupCallback(TrainerCallback):
         self.token = token
         self.timeout_s = timeout_s
         self._cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self._lock = threading.Lock()
-        self._met: dict[Shape, _Met] = {}
-        self._pending: set[Shape] = set()
+        self._ledger = CompileLedger()  # the shapes met and the compiles put on them
         self._warned: set[Shape] = set()
-        self._fresh_total = 0
         self._step = 0
         # Steady-state step time (steps that met no new shape, so compiled nothing): the service
         # calibrates `warmup advise`'s step cost from it.
@@ -113,7 +103,6 @@ class WarmupCallback(TrainerCallback):
         self._timed_seconds = 0.0
         # the first step's wall time: where compiles (or loads) happen
         self._first_step_s: float | None = None
-        self._counter: Any = None
         self._hooks: list[Any] = []
         self._watching_ref = False
         self._output_dir: Path | None = None
@@ -183,13 +172,13 @@ class WarmupCallback(TrainerCallback):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._step_started = time.perf_counter()
-        self._shapes_at_step_start = len(self._met)
+        self._shapes_at_step_start = len(self._ledger.met)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._step = int(getattr(state, "global_step", self._step + 1))
         if self._step_started is not None and self._first_step_s is None:
             self._first_step_s = time.perf_counter() - self._step_started
-        if self._step_started is not None and len(self._met) == self._shapes_at_step_start:
+        if self._step_started is not None and len(self._ledger.met) == self._shapes_at_step_start:
             self._timed_steps += 1
             self._timed_seconds += time.perf_counter() - self._step_started
         self._step_started = None
@@ -293,15 +282,7 @@ class WarmupCallback(TrainerCallback):
         raise error
 
     def _start_counting(self) -> None:
-        if self._counter is not None:
-            return
-        from warmup.backends.registry import get_backend
-
-        target = self.spec.target
-        try:
-            self._counter = get_backend(target.backend, target.device).counter(self.cache_dir)
-        except Exception as error:
-            log.warning("trl-warmup: cannot count compiles in %s (%s)", self.cache_dir, error)
+        self._ledger.start_counting(self.spec.target.backend, self.spec.target.device, self.cache_dir)
 
     def _watch_models(self, model: Any) -> None:
         """Hook the modules the trainer calls. The callback event hands over the bare model, whose hooks
@@ -347,12 +328,11 @@ class WarmupCallback(TrainerCallback):
         except Exception as error:  # never let observing break a training step
             log.debug("trl-warmup: forward hook failed: %s", error)
             return None
-        if shape is None or shape in self._met:
+        if shape is None or shape in self._ledger.met:
             return None
         self._settle()  # what compiled until now belongs to the shapes met before this one
-        with self._lock:
-            self._met[shape] = _Met(step=self._step)
-            self._pending.add(shape)
+        if not self._ledger.meet(shape, self._step):
+            return None
         if self.strict and self._reported is False:
             self._refuse_unwarmed(shape)  # raises: the forward does not run, nothing compiles
         return None
@@ -361,25 +341,16 @@ class WarmupCallback(TrainerCallback):
         """Attribute the compiles since the last check to the shapes first met since then. Strict, at
         every step: a compile the cache should have spared (a warmed shape, or a recompile of a shape
         already met) stops training."""
-        if self._counter is None or not (self._pending or (every_step and self.strict)):
+        if not (self._ledger.has_pending() or (every_step and self.strict)):
             return
-        try:
-            total = self._counter.fresh().total
-        except Exception as error:
-            log.debug("trl-warmup: counting compiles failed: %s", error)
+        settled = self._ledger.settle()
+        if settled is None or not settled.compiled:
             return
-        with self._lock:
-            compiled = total > self._fresh_total
-            self._fresh_total = total
-            pending, self._pending = self._pending, set()
-        if not compiled:
-            return
-        for shape in sorted(pending):
-            self._met[shape].compiled = True
+        for shape in settled.shapes:
             self._warn_once(shape)
         if self.strict and not self._reported:
-            if pending:
-                self._refuse(sorted(pending)[0], "compiled although the cache holds it")
+            if settled.shapes:
+                self._refuse(settled.shapes[0], "compiled although the cache holds it")
             again = recompiled(self._step)
             self.report("refused", again)
             raise again
@@ -423,11 +394,11 @@ class WarmupCallback(TrainerCallback):
     def build_report(self, status: str, error: str | None = None) -> dict[str, Any]:
         """The POST /v1/coverage body for what was observed so far."""
         self._settle()
-        fresh = self._counter.fresh() if self._counter is not None else None
+        fresh = self._ledger.fresh()
         met: dict[str, None] = {}
         missed: dict[str, dict[str, Any]] = {}
         unmatched: list[str] = []
-        observed = dict(self._met)
+        observed = dict(self._ledger.met)
         for shape, seen in list(observed.items()):  # the reference model runs on the policy's batches
             if shape[0] == "train" and "ref" in self._templates and not self._watching_ref:
                 observed.setdefault(("ref", shape[1], shape[2]), seen)
@@ -450,9 +421,9 @@ class WarmupCallback(TrainerCallback):
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "shapes": {
                 label(shape): {"step": seen.step, "compiled": seen.compiled}
-                for shape, seen in sorted(self._met.items())
+                for shape, seen in sorted(self._ledger.met.items())
             },
-            "unplanned": sorted(label(s) for s in self._met if s not in self._planned),
+            "unplanned": sorted(label(s) for s in self._ledger.met if s not in self._planned),
             "unmatched": unmatched,
             "cache_dir": str(self.cache_dir),
         }
