@@ -16,6 +16,7 @@ from warmup.job.spec import SUPPORTED_NEURON_CORE_GROUPS, Spec
 from warmup.job.trl_args import TrainerArgs, resolve_trainer_args
 from warmup.planner.common import MAX_SIGNATURES, PlanBuilder
 from warmup.planner.estimate import estimate_seconds
+from warmup.planner.sharding import sharding_label
 from warmup.signature import Plan
 from warmup.trace_skip.losses import predicted_loss
 from warmup.trainers.registry import family
@@ -54,7 +55,7 @@ def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts |
 
 def _trace_skip_warning(plan: PlanBuilder) -> None:
     """A compiled job whose warm-up will keep no trace (warmup/trace_skip/) says so before it is warmed."""
-    reason = predicted_loss(world_size=plan.world_size)
+    reason = predicted_loss(world_size=plan.world_size, sharding=sharding_label(plan.args.launch))
     if plan.args.compile_backend is not None and reason is not None:
         plan.warn(
             f"trace skip: {reason}; each training process traces the backbone with Dynamo at its start (the warmed "
