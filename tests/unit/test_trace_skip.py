@@ -451,3 +451,31 @@ def test_every_other_rank_checks_rank_zeros_artifacts_on_its_own_calls(tmp_path,
         },  # its refusals
     ]
     assert (tmp_path / "trace" / "b.aot").is_file()  # rank 0 removes it, with every rank's refusals in hand
+
+
+def test_a_cache_warmed_off_for_the_jobs_reason_says_that_reason_in_training(tmp_path):
+    sharded = losses.predicted_loss(world_size=2, sharding="zero3")
+    recorder = capture.Recorder(off=sharded, job_off=True)
+    recorder.models = 1
+    assert recorder.capture(tmp_path) == []
+    assert not (tmp_path / artifacts.TRACE_DIR / artifacts.SPLIT_MARKER).exists()
+    state = serve.enable(tmp_path)
+    assert state.off == f"the cache was warmed without it: {sharded}"
+    assert serve.active() is None
+    switched = capture.Recorder(off=f"{split.ENV_VAR}=0")  # the warm-up's own switch: not the job's to say
+    switched.models = 1
+    assert switched.capture(tmp_path / "switched") == []
+    assert serve.enable(tmp_path / "switched").off == "the cache was warmed without it"
+
+
+def test_a_rehearsal_of_a_sharded_job_records_nothing_and_says_it_is_the_jobs_reason(monkeypatch):
+    monkeypatch.setattr(
+        capture, "unavailable_reason", lambda: None
+    )  # a torch with the mechanism, switched on
+    recorder = capture.start_recording(2, "fsdp2")
+    split.remove_hook(recorder.wrap)
+    assert recorder.job_off and recorder.off == losses.predicted_loss(world_size=2, sharding="fsdp2")
+    monkeypatch.setattr(capture, "unavailable_reason", lambda: f"{split.ENV_VAR}=0")
+    recorder = capture.start_recording(2, "fsdp2")
+    split.remove_hook(recorder.wrap)
+    assert not recorder.job_off and recorder.off == f"{split.ENV_VAR}=0"

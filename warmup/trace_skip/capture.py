@@ -18,6 +18,7 @@ from typing import Any
 from warmup._compat import torch as compat_torch
 from warmup.trace_skip.artifacts import (
     FORMAT,
+    OFF_MARKER,
     SPLIT_MARKER,
     TRACE_DIR,
     artifact_name,
@@ -57,11 +58,14 @@ class Recorder:
     """Splits every compiled model's backbone and records its first call per input signature; `capture`
     then compiles, saves and checks an artifact for each."""
 
-    def __init__(self, off: str | None = None) -> None:
+    def __init__(self, off: str | None = None, *, job_off: bool = False) -> None:
         self.calls: dict[str, RecordedCall] = {}
         self.splits = 0
         self.models = 0  # compiled models seen
         self.off = off  # why this run neither splits nor captures (None: it does)
+        self.job_off = (
+            job_off  # `off` is the job's own (not this process's switch or torch): the cache says it
+        )
 
     def wrap(self, optimized: Any) -> None:
         self.models += 1
@@ -94,6 +98,10 @@ class Recorder:
         """Compile, save and check an artifact for every recorded call; an artifact that fails to compile,
         to save, to load or the numeric check is removed, the others are kept. Leaves the split marker
         when a backbone was split (the training process must split it too, artifacts or not)."""
+        if self.off is not None and self.job_off and self.models and (_ranks() or (0, 1))[0] == 0:
+            folder = Path(cache_dir) / TRACE_DIR
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / OFF_MARKER).write_text(json.dumps({"format": FORMAT, "off": self.off}) + "\n")
         ranks = _ranks() if self.off is None else None
         if ranks is not None:
             return self._capture_ranks(Path(cache_dir), ranks, exact=exact)
@@ -216,10 +224,11 @@ def start_recording(world_size: int = 1, sharding: str | None = None) -> Recorde
     """In a rehearsal, before the trainer is built: split and record; or, when this process cannot skip the
     trace (the switch, torch, a sharded job: `predicted_loss`), only note the compiled models, with the reason
     logged once (`Recorder.lost`)."""
-    reason = unavailable_reason() or predicted_loss(world_size=world_size, sharding=sharding)
+    switched = unavailable_reason()
+    reason = switched or predicted_loss(world_size=world_size, sharding=sharding)
     if reason is not None:
         log.warning("trace skip: not captured (%s); the entry holds today's caches only", reason)
-    recorder = Recorder(off=reason)
+    recorder = Recorder(off=reason, job_off=switched is None and reason is not None)
     on_compiled_module(recorder.wrap)
     return recorder
 
