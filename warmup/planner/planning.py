@@ -181,7 +181,8 @@ def _world_size_notes(plan: PlanBuilder) -> None:
             "under DDP, Dynamo splits a model larger than DDP's first gradient bucket (1 MB) into one graph per "
             "bucket, and torch 2.13's AOTAutograd cache skips those graphs (\"fakify_first_call\"): Inductor's "
             "compiled code still hits, but each training process re-runs AOTAutograd on them (seconds), which "
-            "its compile counters and coverage report count as autograd_cache_bypass"
+            "its compile counters and coverage report count as autograd_cache_bypass; not where the trace skip "
+            "serves the backbone (its artifact is one graph, AOTAutograd's output kept), only where a process traces it"
         )
     if target.device == "cpu":
         plan.note(
