@@ -193,16 +193,15 @@ def _keep_agreed(
             refused.setdefault(path, problem)
     kept = []
     for outcome in outcomes:
-        problem = refused.get(outcome.path) if outcome.stored else None
-        if problem is None:
+        why = refused.get(outcome.path) if outcome.stored else None
+        if why is None:
             kept.append(outcome)
             continue
         artifact = cache_dir / outcome.path
-        artifact.with_suffix(".json").unlink(
-            missing_ok=True
-        )  # the record first: no record, no artifact served
+        # the record first: an artifact without its record is never served
+        artifact.with_suffix(".json").unlink(missing_ok=True)
         artifact.unlink(missing_ok=True)
-        kept.append(CaptureOutcome(outcome.description, False, reason=problem, seconds=outcome.seconds))
+        kept.append(CaptureOutcome(outcome.description, False, reason=why, seconds=outcome.seconds))
     return kept
 
 
