@@ -63,9 +63,8 @@ class Recorder:
         self.splits = 0
         self.models = 0  # compiled models seen
         self.off = off  # why this run neither splits nor captures (None: it does)
-        self.job_off = (
-            job_off  # `off` is the job's own (not this process's switch or torch): the cache says it
-        )
+        # `off` is the job's own reason (not this process's switch or torch): the cache keeps it for training
+        self.job_off = job_off
 
     def wrap(self, optimized: Any) -> None:
         self.models += 1
@@ -122,15 +121,19 @@ class Recorder:
         if not any(splits for splits, _ in made):
             return []
         common = set.intersection(*(set(keys) for _, keys in made))
-        outcomes: list[Any] = [None]
+        outcomes: list[Any] = [[]]
+        failed: Exception | None = None
         if rank == 0:
-            _mark_split(cache_dir)
-            outcomes[0] = [
-                capture_call(call, cache_dir, exact=exact)
-                if key in common
-                else CaptureOutcome(call.description, False, reason=_missing_on(key, made))
-                for key, call in self.calls.items()
-            ]
+            try:
+                _mark_split(cache_dir)
+                outcomes[0] = [
+                    capture_call(call, cache_dir, exact=exact)
+                    if key in common
+                    else CaptureOutcome(call.description, False, reason=_missing_on(key, made))
+                    for key, call in self.calls.items()
+                ]
+            except Exception as error:  # the other ranks wait in the collectives: join them, then fail
+                failed = error
             others = set().union(*(set(keys) for _, keys in made)) - set(self.calls)
             outcomes[0] += [
                 CaptureOutcome(key, False, reason=_missing_on(key, made)) for key in sorted(others)
@@ -139,6 +142,8 @@ class Recorder:
         problems = {} if rank == 0 else self._check_stored(outcomes[0], cache_dir, rank, exact=exact)
         refusals: list[Any] = [None] * world
         dist.all_gather_object(refusals, problems)
+        if failed is not None:
+            raise failed
         return _keep_agreed(outcomes[0], refusals, cache_dir) if rank == 0 else outcomes[0]
 
     def _check_stored(
