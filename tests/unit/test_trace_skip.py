@@ -479,3 +479,22 @@ def test_a_rehearsal_of_a_sharded_job_records_nothing_and_says_it_is_the_jobs_re
     recorder = capture.start_recording(2, "fsdp2")
     split.remove_hook(recorder.wrap)
     assert not recorder.job_off and recorder.off == f"{split.ENV_VAR}=0"
+
+
+def test_a_rank_zero_capture_that_fails_joins_every_collective_before_it_fails(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    ranks = _Ranks(0, made=[None, (1, ["a"])], outcomes=[], refusals=[None, {}])
+    monkeypatch.setattr(dist, "all_gather_object", ranks.all_gather_object)
+    broadcast: list[object] = []
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objects, src: broadcast.append(list(objects)))
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(capture, "_mark_split", fail)
+    with pytest.raises(OSError, match="disk full"):
+        _recorded(["a"])._capture_ranks(tmp_path, (0, 2), exact=True)
+    assert (
+        broadcast == [[[]]] and len(ranks.given) == 2
+    )  # rank 1 got no artifact to check, and was not left waiting
