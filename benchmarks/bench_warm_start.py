@@ -1,5 +1,6 @@
-"""Warm start against eager: SFT (plain, with non-reentrant gradient checkpointing, with LoRA), DPO and GRPO jobs
-of the test model, each run five ways in fresh processes, on the stack of the interpreter that runs it.
+"""Warm start against eager: SFT (plain, with non-reentrant gradient checkpointing, with LoRA, and under DDP with two
+processes), DPO and GRPO jobs of the test model, each run five ways in fresh processes, on the stack of the
+interpreter that runs it.
 
 For each job: `eager` (the same spec with `torch_compile: false`, no cache), `cold` (compile into an empty
 cache directory, activated), `warmed` (a cache `warmup warm` filled with the trace skip off,
@@ -13,10 +14,12 @@ with other weights and other data than the warm-up's), timed from process start 
 step. Prints each median, its ratio to eager, and what the warmed runs still did (FX / AOTAutograd misses,
 new files in the cache, calls served without tracing). Targets: skipped / eager <= 1.15 for SFT and DPO, and
 skipped / floor <= 1.10 on every job, with 0 misses and no new file; floor / eager says how much of the budget
-the imports alone take. Run it with each stack's interpreter (docs/compatibility.md): the locked stack's
+the imports alone take. The DDP job (`ddp`) warms as a job of 2 processes and trains under
+`torchrun --nproc-per-node=2`, one thread per rank as torchrun gives each; its wall is rank 0's, and its misses,
+new files and calls served count every rank's. Run it with each stack's interpreter (docs/compatibility.md): the locked stack's
 `.venv/bin/python`, the newest stack's `.venv-newest/bin/python`.
 
-    python benchmarks/bench_warm_start.py [--repeat 1] [--jobs sft,sft-gc,lora,dpo,grpo]
+    python benchmarks/bench_warm_start.py [--repeat 1] [--jobs sft,sft-gc,lora,dpo,grpo,ddp]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +59,7 @@ class Job:
     high: int
     steps: int
     peft: dict[str, Any] | None = None
+    processes: int = 1  # more than 1: a DDP job under torchrun
 
 
 SFT_ARGS = {"per_device_train_batch_size": 4, "max_length": 96, "pad_to_multiple_of": 32}
@@ -67,6 +72,8 @@ JOBS = {
     "sft": Job("sft", SFT_ARGS, SFT_DATA, 10, "32,64", 96, 6),
     "sft-gc": Job("sft", {**SFT_ARGS, **NON_REENTRANT}, SFT_DATA, 10, "32,64", 96, 6),
     "lora": Job("sft", SFT_ARGS, SFT_DATA, 10, "32,64", 96, 6, peft=LORA),
+    # the plain SFT job under DDP: two processes, each with its own batches of 4
+    "ddp": Job("sft", SFT_ARGS, SFT_DATA, 10, "32,64", 96, 6, processes=2),
     "dpo": Job(
         "dpo",
         {"per_device_train_batch_size": 2, "max_length": 64, "pad_to_multiple_of": 32},
@@ -98,26 +105,36 @@ def write_spec(path: Path, job: Job, model: Path, *, compile: bool = True) -> Pa
         "data": job.data,
         "target": {"backend": "inductor", "device": "cpu"},
     }
+    if job.processes > 1:
+        spec["target"]["world_size"] = job.processes
     if job.peft:
         spec["peft"] = job.peft
     path.write_text(yaml.safe_dump(spec))
     return path
 
 
-def env(trace_skip: bool = True) -> dict[str, str]:
+def env(trace_skip: bool = True, processes: int = 1) -> dict[str, str]:
     out = dict(os.environ)
     out["PYTHONPATH"] = str(ROOT) + (":" + out["PYTHONPATH"] if out.get("PYTHONPATH") else "")
     out["WARMUP_TRACE_SKIP"] = "1" if trace_skip else "0"
+    if processes > 1:
+        out["OMP_NUM_THREADS"] = "1"  # what torchrun gives each of several processes (in Inductor's key)
     return out
 
 
-def warm(spec: Path, cache: Path, *, trace_skip: bool) -> float:
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def warm(spec: Path, cache: Path, *, trace_skip: bool, processes: int = 1) -> float:
     start = time.time()
     done = subprocess.run(
         [sys.executable, "-m", "warmup", "warm", str(spec), "--cache-dir", str(cache)],
         capture_output=True,
         text=True,
-        env=env(trace_skip),
+        env=env(trace_skip, processes),
     )
     if done.returncode != 0:
         raise SystemExit(f"warmup warm failed:\n{done.stdout}\n{done.stderr[-4000:]}")
@@ -134,8 +151,12 @@ def train(
     trace_skip: bool = True,
     preimport: Path | None = None,
 ) -> dict[str, Any]:
+    launcher = [sys.executable]
+    if job.processes > 1:
+        launcher += ["-m", "torch.distributed.run", f"--nproc-per-node={job.processes}"]
+        launcher += ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
     command = [
-        sys.executable,
+        *launcher,
         str(TRAIN_JOB),
         "--spec",
         str(spec),
@@ -153,11 +174,14 @@ def train(
         command += ["--preimport", str(preimport)]
     before = _files(cache)
     start = time.time()
-    done = subprocess.run(command, capture_output=True, text=True, env=env(trace_skip))
+    done = subprocess.run(command, capture_output=True, text=True, env=env(trace_skip, job.processes))
     if done.returncode != 0:
         raise SystemExit(f"training job failed:\n{done.stderr[-6000:]}")
     report: dict[str, Any] = json.loads(out.read_text())
     report["wall"] = report["step_ends"][-1] - start
+    report["ranks"] = [report] + [
+        json.loads(out.with_suffix(f".rank{rank}.json").read_text()) for rank in range(1, job.processes)
+    ]
     report["new_in_cache"] = sorted(f for f in _files(cache) - before if not f.endswith(".lock"))
     return report
 
@@ -178,8 +202,19 @@ def floor_modules(skipped: dict[str, Any], eager: dict[str, Any], path: Path) ->
 
 
 def misses(report: dict[str, Any]) -> int:
-    fresh = report.get("fresh_compiles") or {}
-    return sum(v for k, v in fresh.items() if k != "new_files")
+    """FX / AOTAutograd misses and bypasses, every rank's."""
+    total = 0
+    for ranked in report["ranks"]:
+        fresh = ranked.get("fresh_compiles") or {}
+        total += sum(v for k, v in fresh.items() if k != "new_files")
+    return total
+
+
+def served(report: dict[str, Any]) -> str:
+    """Backbone calls served without tracing / all backbone calls, every rank's."""
+    skips = [ranked.get("trace_skip") or {} for ranked in report["ranks"]]
+    hits = sum(skip.get("hits", 0) for skip in skips)
+    return f"{hits}/{hits + sum(skip.get('misses', 0) for skip in skips)}"
 
 
 def median(values: list[float]) -> float:
@@ -204,7 +239,8 @@ def main() -> int:
         spec = write_spec(root / f"{name}.yaml", job, model)
         eager_spec = write_spec(root / f"{name}-eager.yaml", job, model, compile=False)
         today, skip = root / f"{name}-today", root / f"{name}-skip"
-        warm_today, warm_skip = warm(spec, today, trace_skip=False), warm(spec, skip, trace_skip=True)
+        warm_today = warm(spec, today, trace_skip=False, processes=job.processes)
+        warm_skip = warm(spec, skip, trace_skip=True, processes=job.processes)
         print(f"{name}: warmup warm {warm_today:.0f} s (trace skip off), {warm_skip:.0f} s (on)", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {way: [] for way in WAYS}
         for index in range(ns.repeat):  # alternating, so that the machine's drift hits every way alike
@@ -243,9 +279,7 @@ def main() -> int:
         notes = []
         for way in ("warmed", "skipped"):
             last = runs[way][-1]
-            skipped = last.get("trace_skip") or {}
-            served = f"{skipped.get('hits', 0)}/{skipped.get('hits', 0) + skipped.get('misses', 0)}"
-            notes.append(f"{way} {misses(last)} / {len(last['new_in_cache'])} / {served}")
+            notes.append(f"{way} {misses(last)} / {len(last['new_in_cache'])} / {served(last)}")
         print(f"{name:<7} " + " ".join(f"{c:>15}" for c in cells) + "   " + "; ".join(notes))
     for name, runs in rows:
         skipped, floor = (median([r["wall"] for r in runs[way]]) for way in ("skipped", "floor"))

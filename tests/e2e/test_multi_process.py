@@ -4,7 +4,8 @@ Every rank of a DDP job compiles the same graphs at any world size above 1 (docs
 the rehearsal runs 2 processes, each with the thread count a rank of the job runs (1: torchrun's
 default with several processes per node, pinned here as a real job pins it). Each of the 3 training
 ranks, in a fresh process over that cache, must miss nothing in Inductor's FX and AOTAutograd caches,
-leave no new file, and meet the warmed shape.
+leave no new file, and meet the warmed shape; the trace skip serves every rank's backbone calls (warmup/trace_skip/:
+the rehearsal's 2 ranks make and check the artifacts the 3 training ranks load).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tests.support.jobs import (
     no_fresh_compiles,
     only_empty_locks_appeared,
     run,
+    served_warm,
     warm_as_job_of,
     write_spec,
 )
@@ -55,6 +57,6 @@ def test_a_three_process_job_warmed_with_two_trains_with_zero_compiles(
         ranked = json.loads(report_path.read_text())
         assert no_fresh_compiles(ranked), (rank, ranked["fresh_compiles"])
         assert {tuple(shape) for shape in ranked["shapes"]} == {(2, 32)}
-        assert ranked["counters"]["inductor"]["fxgraph_cache_hit"] > 0
-        assert ranked["counters"]["aot_autograd"]["autograd_cache_hit"] > 0
+        # the trace skip's artifacts (made and checked by the 2 rehearsal ranks) serve every backbone call
+        assert served_warm(ranked) and ranked["trace_skip"]["hits"] > 0, (rank, ranked["trace_skip"])
     assert only_empty_locks_appeared(cache, before) == []

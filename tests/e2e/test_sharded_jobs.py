@@ -83,6 +83,9 @@ def test_an_fsdp2_job_warmed_with_two_processes_trains_with_three_compiling_noth
     for rank, ranked in enumerate(warm_then_train("fsdp2", tiny_model_dir, user_weights_dir, tmp_path)):
         assert ranked["distributed_type"] == "FSDP", rank
         assert _fresh(ranked) == {}, rank
+        # no trace kept, and the training process says the warm-up's reason (warmup/trace_skip/losses.py)
+        off = ranked["trace_skip"]["off"]
+        assert off.startswith("the cache was warmed without it: fsdp2 shards the parameters"), (rank, off)
 
 
 def test_a_zero2_job_warmed_with_two_processes_trains_with_three_compiling_nothing(

@@ -3,6 +3,7 @@ guards are kept, which files a training process considers, and what it says when
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -274,9 +275,9 @@ def test_a_rehearsal_says_in_one_line_what_its_trace_skip_did_not_keep():
 
 def test_a_recorder_names_why_a_compiled_model_kept_no_trace():
     assert capture.Recorder().lost() is None  # nothing compiled: nothing to say
-    several = capture.Recorder(off=losses.predicted_loss(world_size=4))
-    several.models = 1
-    assert several.lost() is not None and several.lost().startswith("a job of 4 processes")
+    sharded = capture.Recorder(off=losses.predicted_loss(world_size=4, sharding="fsdp2"))
+    sharded.models = 1
+    assert sharded.lost() is not None and sharded.lost().startswith("fsdp2 shards the parameters")
     unsplit = capture.Recorder()
     unsplit.models = 1
     assert unsplit.lost() == losses.NO_BACKBONE
@@ -326,3 +327,174 @@ def test_warmup_warm_ends_with_the_line_that_says_the_trace_skip_was_lost(
         f"trace skip: lost for 1 of {len(signatures)} signature(s): {lost}; training traces those calls with "
         "Dynamo, and the warmed caches serve them"
     )
+
+
+def test_a_ddp_job_keeps_its_trace_and_a_parameter_sharded_one_says_why_not():
+    assert losses.predicted_loss(world_size=4) is None  # DDP: the same backbone graph on every rank
+    for mode in ("fsdp2", "fsdp2:ac", "zero3"):
+        reason = losses.predicted_loss(world_size=4, sharding=mode)
+        assert reason is not None and reason.startswith(f"{mode} shards the parameters"), reason
+        assert "Dynamo leaves out of the graph" in reason and "aot_compile" in reason
+    assert "FullyShardedDataParallel" in (losses.predicted_loss(world_size=2, sharding="fsdp1") or "")
+    assert "DDP jobs only" in (losses.predicted_loss(world_size=2, sharding="zero2") or "")
+    assert losses.predicted_loss(world_size=1, sharding="fsdp2") is None  # one process: as before
+    sharded = capture.Recorder(off=losses.predicted_loss(world_size=2, sharding="zero3"))
+    sharded.models = 1
+    assert losses.loss_line([], sharded.lost()).startswith("trace skip off: zero3 shards the parameters")
+
+
+def test_the_split_reaches_through_ddp_to_the_model_it_replicates():
+    import torch
+    import torch.distributed as dist
+
+    linear = torch.nn.Linear(2, 2)
+    assert split.replicated_module(linear) is linear
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        wrapped = torch.nn.parallel.DistributedDataParallel(linear)
+        assert split.replicated_module(wrapped) is linear
+    finally:
+        dist.destroy_process_group()
+
+
+class _Ranks:
+    """torch.distributed's collectives as two ranks see them, played from one: what the other rank gives."""
+
+    def __init__(self, rank: int, made: list[object], outcomes: list[object], refusals: list[object]) -> None:
+        self.rank, self.made, self.outcomes, self.refusals = rank, made, outcomes, refusals
+        self.given: list[object] = []  # what this rank gave each gather
+
+    def all_gather_object(self, out: list[object], mine: object) -> None:
+        given = self.made if not self.given else self.refusals
+        self.given.append(mine)
+        out[:] = [mine if rank == self.rank else given[rank] for rank in range(len(out))]
+
+    def broadcast_object_list(self, objects: list[object], src: int) -> None:
+        if self.rank != src:
+            objects[:] = self.outcomes
+
+
+def _recorded(keys: list[str]) -> capture.Recorder:
+    recorder = capture.Recorder()
+    recorder.splits = 1
+    for key in keys:
+        recorder.calls[key] = capture.RecordedCall(
+            split.Split(object(), None, None, lambda: None), (), {}, True, True, f"call {key}"
+        )
+    return recorder
+
+
+def _stored(cache: Path, key: str) -> capture.CaptureOutcome:
+    folder = cache / artifacts.TRACE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{key}.aot").write_bytes(b"artifact")
+    (folder / f"{key}.json").write_text("{}")
+    return capture.CaptureOutcome(f"call {key}", True, path=f"{artifacts.TRACE_DIR}/{key}.aot")
+
+
+def test_rank_zero_keeps_only_the_artifacts_every_rank_made_and_accepted(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    refused_by_one = "rank 1: value 0 differs from a fresh compile's"
+    ranks = _Ranks(
+        0, made=[None, (1, ["a", "b", "c"])], outcomes=[], refusals=[None, {"trace/b.aot": refused_by_one}]
+    )
+    for name in ("all_gather_object", "broadcast_object_list"):
+        monkeypatch.setattr(dist, name, getattr(ranks, name))
+    monkeypatch.setattr(
+        capture, "capture_call", lambda call, cache, exact: _stored(cache, call.description[5:])
+    )
+    outcomes = _recorded(["a", "b", "d"])._capture_ranks(tmp_path, (0, 2), exact=True)
+
+    by_call = {outcome.description: outcome for outcome in outcomes}
+    assert by_call["call a"].stored and (tmp_path / "trace" / "a.aot").is_file()
+    assert not by_call["call b"].stored and by_call["call b"].reason == refused_by_one
+    assert not (tmp_path / "trace" / "b.aot").exists() and not (tmp_path / "trace" / "b.json").exists()
+    assert by_call["call d"].reason.startswith("not made by every rank (not by rank 1)")
+    assert by_call["c"].reason.startswith("not made by every rank (not by rank 0)")  # rank 1's only
+    assert (tmp_path / "trace" / artifacts.SPLIT_MARKER).is_file()
+    assert "trace not kept for 3 of 4 call(s)" in losses.loss_line(
+        [dataclasses.asdict(o) for o in outcomes], None
+    )
+
+
+def test_every_other_rank_checks_rank_zeros_artifacts_on_its_own_calls(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    kept = [
+        _stored(tmp_path, "a"),
+        _stored(tmp_path, "b"),
+        capture.CaptureOutcome("call c", False, reason="x"),
+    ]
+    ranks = _Ranks(1, made=[(1, ["a", "b", "c"]), None], outcomes=[kept], refusals=[{}, None])
+    for name in ("all_gather_object", "broadcast_object_list"):
+        monkeypatch.setattr(dist, name, getattr(ranks, name))
+    checked = []
+
+    def compare(call: capture.RecordedCall, loaded: object, *, exact: bool) -> str | None:
+        checked.append(call.description)
+        return (
+            "the artifact's guards refuse the very call it was compiled for"
+            if call.description == "call b"
+            else None
+        )
+
+    monkeypatch.setattr(capture, "load_artifact", lambda data, module: data)
+    monkeypatch.setattr(capture, "compare", compare)
+    monkeypatch.setattr(capture, "capture_call", lambda *a, **k: pytest.fail("only rank 0 compiles"))
+    _recorded(["a", "b", "c"])._capture_ranks(tmp_path, (1, 2), exact=True)
+    assert checked == ["call a", "call b"]  # each artifact rank 0 kept, on this rank's own call
+    assert ranks.given == [
+        (1, ["a", "b", "c"]),  # the calls it made
+        {
+            "trace/b.aot": "rank 1: the artifact's guards refuse the very call it was compiled for"
+        },  # its refusals
+    ]
+    assert (tmp_path / "trace" / "b.aot").is_file()  # rank 0 removes it, with every rank's refusals in hand
+
+
+def test_a_cache_warmed_off_for_the_jobs_reason_says_that_reason_in_training(tmp_path):
+    sharded = losses.predicted_loss(world_size=2, sharding="zero3")
+    recorder = capture.Recorder(off=sharded, job_off=True)
+    recorder.models = 1
+    assert recorder.capture(tmp_path) == []
+    assert not (tmp_path / artifacts.TRACE_DIR / artifacts.SPLIT_MARKER).exists()
+    state = serve.enable(tmp_path)
+    assert state.off == f"the cache was warmed without it: {sharded}"
+    assert serve.active() is None
+    switched = capture.Recorder(off=f"{split.ENV_VAR}=0")  # the warm-up's own switch: not the job's to say
+    switched.models = 1
+    assert switched.capture(tmp_path / "switched") == []
+    assert serve.enable(tmp_path / "switched").off == "the cache was warmed without it"
+
+
+def test_a_rehearsal_of_a_sharded_job_records_nothing_and_says_it_is_the_jobs_reason(monkeypatch):
+    monkeypatch.setattr(
+        capture, "unavailable_reason", lambda: None
+    )  # a torch with the mechanism, switched on
+    recorder = capture.start_recording(2, "fsdp2")
+    split.remove_hook(recorder.wrap)
+    assert recorder.job_off and recorder.off == losses.predicted_loss(world_size=2, sharding="fsdp2")
+    monkeypatch.setattr(capture, "unavailable_reason", lambda: f"{split.ENV_VAR}=0")
+    recorder = capture.start_recording(2, "fsdp2")
+    split.remove_hook(recorder.wrap)
+    assert not recorder.job_off and recorder.off == f"{split.ENV_VAR}=0"
+
+
+def test_a_rank_zero_capture_that_fails_joins_every_collective_before_it_fails(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    ranks = _Ranks(0, made=[None, (1, ["a"])], outcomes=[], refusals=[None, {}])
+    monkeypatch.setattr(dist, "all_gather_object", ranks.all_gather_object)
+    broadcast: list[object] = []
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objects, src: broadcast.append(list(objects)))
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(capture, "_mark_split", fail)
+    with pytest.raises(OSError, match="disk full"):
+        _recorded(["a"])._capture_ranks(tmp_path, (0, 2), exact=True)
+    assert (
+        broadcast == [[[]]] and len(ranks.given) == 2
+    )  # rank 1 got no artifact to check, and was not left waiting

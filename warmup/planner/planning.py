@@ -16,6 +16,7 @@ from warmup.job.spec import SUPPORTED_NEURON_CORE_GROUPS, Spec
 from warmup.job.trl_args import TrainerArgs, resolve_trainer_args
 from warmup.planner.common import MAX_SIGNATURES, PlanBuilder
 from warmup.planner.estimate import estimate_seconds
+from warmup.planner.sharding import sharding_label
 from warmup.signature import Plan
 from warmup.trace_skip.losses import predicted_loss
 from warmup.trainers.registry import family
@@ -54,7 +55,7 @@ def plan(spec: Spec, args: TrainerArgs, model: ModelFacts, teacher: ModelFacts |
 
 def _trace_skip_warning(plan: PlanBuilder) -> None:
     """A compiled job whose warm-up will keep no trace (warmup/trace_skip/) says so before it is warmed."""
-    reason = predicted_loss(world_size=plan.world_size)
+    reason = predicted_loss(world_size=plan.world_size, sharding=sharding_label(plan.args.launch))
     if plan.args.compile_backend is not None and reason is not None:
         plan.warn(
             f"trace skip: {reason}; each training process traces the backbone with Dynamo at its start (the warmed "
@@ -180,7 +181,8 @@ def _world_size_notes(plan: PlanBuilder) -> None:
             "under DDP, Dynamo splits a model larger than DDP's first gradient bucket (1 MB) into one graph per "
             "bucket, and torch 2.13's AOTAutograd cache skips those graphs (\"fakify_first_call\"): Inductor's "
             "compiled code still hits, but each training process re-runs AOTAutograd on them (seconds), which "
-            "its compile counters and coverage report count as autograd_cache_bypass"
+            "its compile counters and coverage report count as autograd_cache_bypass; not where the trace skip "
+            "serves the backbone (its artifact is one graph, AOTAutograd's output kept), only where a process traces it"
         )
     if target.device == "cpu":
         plan.note(

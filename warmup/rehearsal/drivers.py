@@ -138,8 +138,8 @@ def run(job: RunJob, progress: Path | None = None) -> dict[str, Any]:
     # Before anything compiles: the same settings warmup.activate() applies in a training process.
     backend.configure_process(job.cache_dir, job.plan_size)
     counter = backend.counter(job.cache_dir)
-    # one process: each backbone call is also kept traced (warmup/trace_skip/; on Neuron unverified)
-    recorder = start_recording(_world_size())
+    # each backbone call is also kept traced, one process or DDP's several (warmup/trace_skip/; on Neuron unverified)
+    recorder = start_recording(_world_size(), job.unit.signatures[0].sharding)
     use_weights_from_config()
     trainer, observed = build_trainer(job)
     steps = StepAccounts(job, trainer, observed, progress)

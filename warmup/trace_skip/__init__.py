@@ -22,7 +22,10 @@ The rehearsal (`Recorder`) notes the first backbone call per input signature and
 compiles each ahead of time, saves it under `trace/` in the run's cache directory (ordinary files:
 the entry, the store, pull and relocation carry them as any other), and keeps it only if, loaded back,
 its outputs and gradients on the rehearsal batch equal a fresh compile's (bit for bit on CPU, where both
-run their kernels on one thread for the check, so that every sum is taken in one order; `compare`).
+run their kernels on one thread for the check, so that every sum is taken in one order; `compare`). In a DDP
+job of several processes (the split reaches through DDP to the model it replicates) every rank records; rank 0
+makes the artifacts, and every other rank checks each on its own call before any is kept. A sharded job (FSDP,
+ZeRO) keeps none (`losses.predicted_loss`).
 
 A training process (`enable`, from `warmup.activate` or the sitecustomize of `warmup exec`) loads the
 artifacts made for the backbone's class and config when accelerate compiles the model; each call runs

@@ -34,6 +34,9 @@ COSMETIC_CONFIG_KEYS = frozenset(
 )
 
 SPLIT_MARKER = "split.json"
+# Left instead of the split marker by a rehearsal that kept no trace for a reason of the job's (a sharded launch:
+# `losses.predicted_loss`), so that a training process over its cache says that reason.
+OFF_MARKER = "off.json"
 
 
 def config_digest(module: Any, adapters: dict[str, Any] | None = None) -> str:

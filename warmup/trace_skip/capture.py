@@ -18,6 +18,7 @@ from typing import Any
 from warmup._compat import torch as compat_torch
 from warmup.trace_skip.artifacts import (
     FORMAT,
+    OFF_MARKER,
     SPLIT_MARKER,
     TRACE_DIR,
     artifact_name,
@@ -57,11 +58,13 @@ class Recorder:
     """Splits every compiled model's backbone and records its first call per input signature; `capture`
     then compiles, saves and checks an artifact for each."""
 
-    def __init__(self, off: str | None = None) -> None:
+    def __init__(self, off: str | None = None, *, job_off: bool = False) -> None:
         self.calls: dict[str, RecordedCall] = {}
         self.splits = 0
         self.models = 0  # compiled models seen
         self.off = off  # why this run neither splits nor captures (None: it does)
+        # `off` is the job's own reason (not this process's switch or torch): the cache keeps it for training
+        self.job_off = job_off
 
     def wrap(self, optimized: Any) -> None:
         self.models += 1
@@ -94,12 +97,117 @@ class Recorder:
         """Compile, save and check an artifact for every recorded call; an artifact that fails to compile,
         to save, to load or the numeric check is removed, the others are kept. Leaves the split marker
         when a backbone was split (the training process must split it too, artifacts or not)."""
+        if self.off is not None and self.job_off and self.models and (_ranks() or (0, 1))[0] == 0:
+            folder = Path(cache_dir) / TRACE_DIR
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / OFF_MARKER).write_text(json.dumps({"format": FORMAT, "off": self.off}) + "\n")
+        ranks = _ranks() if self.off is None else None
+        if ranks is not None:
+            return self._capture_ranks(Path(cache_dir), ranks, exact=exact)
         if not self.splits:
             return []
-        folder = Path(cache_dir) / TRACE_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / SPLIT_MARKER).write_text(json.dumps({"format": FORMAT, "split": "base_model"}) + "\n")
+        _mark_split(Path(cache_dir))
         return [capture_call(call, Path(cache_dir), exact=exact) for call in self.calls.values()]
+
+    def _capture_ranks(self, cache_dir: Path, ranks: tuple[int, int], *, exact: bool) -> list[CaptureOutcome]:
+        """Every rank of a DDP rehearsal at once (one cache directory): rank 0 compiles, saves and checks an
+        artifact for each call every rank made; then every other rank loads each one and checks it on its own
+        recorded call; an artifact any rank refuses is removed. The outcomes are rank 0's."""
+        import torch.distributed as dist
+
+        rank, world = ranks
+        made: list[Any] = [None] * world
+        dist.all_gather_object(made, (self.splits, sorted(self.calls)))
+        if not any(splits for splits, _ in made):
+            return []
+        common = set.intersection(*(set(keys) for _, keys in made))
+        outcomes: list[Any] = [[]]
+        failed: Exception | None = None
+        if rank == 0:
+            try:
+                _mark_split(cache_dir)
+                outcomes[0] = [
+                    capture_call(call, cache_dir, exact=exact)
+                    if key in common
+                    else CaptureOutcome(call.description, False, reason=_missing_on(key, made))
+                    for key, call in self.calls.items()
+                ]
+            except Exception as error:  # the other ranks wait in the collectives: join them, then fail
+                failed = error
+            others = set().union(*(set(keys) for _, keys in made)) - set(self.calls)
+            outcomes[0] += [
+                CaptureOutcome(key, False, reason=_missing_on(key, made)) for key in sorted(others)
+            ]
+        dist.broadcast_object_list(outcomes, src=0)
+        problems = {} if rank == 0 else self._check_stored(outcomes[0], cache_dir, rank, exact=exact)
+        refusals: list[Any] = [None] * world
+        dist.all_gather_object(refusals, problems)
+        if failed is not None:
+            raise failed
+        return _keep_agreed(outcomes[0], refusals, cache_dir) if rank == 0 else outcomes[0]
+
+    def _check_stored(
+        self, outcomes: list[CaptureOutcome], cache_dir: Path, rank: int, *, exact: bool
+    ) -> dict[str, str]:
+        """This rank's refusals of the artifacts rank 0 kept, by path: loaded, then `compare`d on this rank's
+        own recorded call."""
+        problems = {}
+        for outcome in outcomes:
+            if not outcome.stored:
+                continue
+            call = self.calls[Path(outcome.path).stem]
+            try:
+                loaded = load_artifact((cache_dir / outcome.path).read_bytes(), call.split.module)
+                problem = compare(call, loaded, exact=exact)
+            except Exception as error:  # as in capture_call: any failure is a refusal
+                problem = f"{type(error).__name__}: {error}"[:500]
+            if problem is not None:
+                problems[outcome.path] = f"rank {rank}: {problem}"
+        return problems
+
+
+def _ranks() -> tuple[int, int] | None:
+    """(rank, world size) of a rehearsal of several processes whose process group is up, else None."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _mark_split(cache_dir: Path) -> None:
+    folder = cache_dir / TRACE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SPLIT_MARKER).write_text(json.dumps({"format": FORMAT, "split": "base_model"}) + "\n")
+
+
+def _missing_on(key: str, made: list[Any]) -> str:
+    """Why a call rank 0 made is not captured: the ranks that never made it (its artifact could not be checked
+    there)."""
+    missing = [str(rank) for rank, (_, keys) in enumerate(made) if key not in keys]
+    return f"not made by every rank (not by rank {', '.join(missing)}): it could not be checked there"
+
+
+def _keep_agreed(
+    outcomes: list[CaptureOutcome], refusals: list[dict[str, str]], cache_dir: Path
+) -> list[CaptureOutcome]:
+    """Rank 0's outcomes with every artifact another rank refused removed, and its reason said."""
+    refused: dict[str, str] = {}
+    for problems in refusals:
+        for path, problem in problems.items():
+            refused.setdefault(path, problem)
+    kept = []
+    for outcome in outcomes:
+        why = refused.get(outcome.path) if outcome.stored else None
+        if why is None:
+            kept.append(outcome)
+            continue
+        artifact = cache_dir / outcome.path
+        # the record first: an artifact without its record is never served
+        artifact.with_suffix(".json").unlink(missing_ok=True)
+        artifact.unlink(missing_ok=True)
+        kept.append(CaptureOutcome(outcome.description, False, reason=why, seconds=outcome.seconds))
+    return kept
 
 
 def _detached(value: Any) -> Any:
@@ -116,14 +224,15 @@ def _detached(value: Any) -> Any:
     return value
 
 
-def start_recording(world_size: int = 1) -> Recorder:
+def start_recording(world_size: int = 1, sharding: str | None = None) -> Recorder:
     """In a rehearsal, before the trainer is built: split and record; or, when this process cannot skip the
-    trace (the switch, torch, a job of several processes), only note the compiled models, with the reason
+    trace (the switch, torch, a sharded job: `predicted_loss`), only note the compiled models, with the reason
     logged once (`Recorder.lost`)."""
-    reason = unavailable_reason() or predicted_loss(world_size=world_size)
+    switched = unavailable_reason()
+    reason = switched or predicted_loss(world_size=world_size, sharding=sharding)
     if reason is not None:
         log.warning("trace skip: not captured (%s); the entry holds today's caches only", reason)
-    recorder = Recorder(off=reason)
+    recorder = Recorder(off=reason, job_off=switched is None and reason is not None)
     on_compiled_module(recorder.wrap)
     return recorder
 

@@ -13,11 +13,33 @@ log = logging.getLogger(__name__)
 NO_BACKBONE = "the compiled model has no plain backbone to split (hooks on the backbone, or no base_model)"
 
 
-def predicted_loss(*, world_size: int) -> str | None:
-    """Why a job keeps no trace, as far as its spec tells (`warmup plan`; the warm-up says it for certain)."""
-    if world_size > 1:
-        return f"a job of {world_size} processes (not captured: one rank's artifacts are not checked for the others)"
-    return None
+# Parameter-sharded jobs: what torch does with the hooks that gather the parameters (warmup/planner/sharding.py)
+SHARDED_PARAMETERS = (
+    "{mode} shards the parameters and gathers each layer's in module hooks, which Dynamo leaves out of the graph "
+    "(a break at every wrapped layer), so torch cannot keep the backbone as the one graph without breaks that "
+    "aot_compile saves"
+)
+FSDP1_WRAPPER = (
+    "{mode} runs each wrapped layer through FullyShardedDataParallel's own forward, whatever its sharding strategy, "
+    "and does not run on CPU, where the trace skip is measured: not captured"
+)
+UNMEASURED_WRAPPER = (
+    "{mode} keeps whole parameters as DDP does, but its engine wraps the model in a way the trace skip was not "
+    "measured with (it is captured and served for DDP jobs only)"
+)
+
+
+def predicted_loss(*, world_size: int, sharding: str | None = None) -> str | None:
+    """Why a job keeps no trace, as far as its spec tells (`warmup plan`; the warm-up says it for certain).
+    `sharding`: the signature's (`warmup.planner.sharding.sharding_label`). A DDP job keeps it: every rank runs
+    the same backbone graph, and one rank's artifacts are checked on every rank before any is kept."""
+    if world_size == 1 or sharding is None:
+        return None
+    if sharding.startswith("fsdp2") or sharding == "zero3":
+        return SHARDED_PARAMETERS.format(mode=sharding)
+    if sharding.startswith("fsdp"):
+        return FSDP1_WRAPPER.format(mode=sharding)
+    return UNMEASURED_WRAPPER.format(mode=sharding)
 
 
 LOCAL_SCOPE = "defined in local scope"

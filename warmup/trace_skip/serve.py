@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from warmup.errors import IncompatibleLibraryError
-from warmup.trace_skip.artifacts import FORMAT, SPLIT_MARKER, TRACE_DIR, load_artifact
+from warmup.trace_skip.artifacts import FORMAT, OFF_MARKER, SPLIT_MARKER, TRACE_DIR, load_artifact
 from warmup.trace_skip.split import (
     Split,
     is_plain,
@@ -144,7 +144,7 @@ def enable(cache_dir: str | os.PathLike[str]) -> TraceSkip:
     state = TraceSkip(cache)
     state.available = len(state.records())
     if not (cache / TRACE_DIR / SPLIT_MARKER).is_file():
-        state.off = "the cache was warmed without it"
+        state.off = "the cache was warmed without it" + _warmed_off(cache)
         log.warning("trace skip off: %s; Dynamo traces every graph, the warmed cache serves it", state.off)
         return state
     state.off = unavailable_reason()
@@ -162,6 +162,15 @@ def enable(cache_dir: str | os.PathLike[str]) -> TraceSkip:
         return state
     _ACTIVE.append(state)
     return state
+
+
+def _warmed_off(cache: Path) -> str:
+    """Why the rehearsal kept no trace, where it was the job's reason (a sharded launch), as ": reason"; else ""."""
+    with contextlib.suppress(OSError, json.JSONDecodeError, AttributeError):
+        reason = json.loads((cache / TRACE_DIR / OFF_MARKER).read_text()).get("off")
+        if isinstance(reason, str) and reason:
+            return f": {reason}"
+    return ""
 
 
 def enable_when_compiled(cache_dir: str | os.PathLike[str], at_exit: Callable[[], None]) -> None:

@@ -54,6 +54,18 @@ def adapted_model(model: Any) -> tuple[Any, dict[str, Any]]:
     return model.get_base_model(), adapters
 
 
+def replicated_module(model: Any) -> Any:
+    """The model DDP replicates on every rank (its `module`), the model itself when it is not wrapped in DDP.
+    accelerate compiles the DDP wrapper; its forward runs eagerly around the split, and its gradient hooks sit on
+    the parameters, outside any graph, so the backbone is the same graph on every rank (Dynamo's DDPOptimizer
+    splits it at DDP's buckets when it traces it inside DDP's forward, in the warm-up and the training alike)."""
+    import torch
+
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.module
+    return model
+
+
 def backbone_of(model: Any) -> Any:
     """The module whose forward is traced ahead of time: the model's backbone (`base_model`, the decoder
     stack), None when the model has none or it is not a plain module."""
@@ -92,7 +104,7 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
     import torch
 
     model, backend, dynamic = compat_torch.compiled_module_parts(optimized)
-    adapted, adapters = adapted_model(model)
+    adapted, adapters = adapted_model(replicated_module(model))
     backbone = backbone_of(adapted)
     if backbone is None:
         return None

@@ -176,6 +176,8 @@ def test_a_compiled_job_whose_warm_up_keeps_no_trace_is_warned_of(tiny_model_dir
     # a LoRA model's backbone splits and keeps its trace, checkpointed or not
     assert warnings(INDUCTOR, peft={"lora_r": 8}) == []
     assert warnings(INDUCTOR, peft={"lora_r": 8}, args={"gradient_checkpointing": False}) == []
-    (several,) = warnings({**INDUCTOR, "world_size": 4})
-    assert several.startswith("trace skip: a job of 4 processes")
+    assert warnings({**INDUCTOR, "world_size": 4}) == []  # DDP: every rank runs the same backbone graph
+    sharded = {"accelerate_config": "fsdp2", "use_cpu": True}
+    (fsdp,) = warnings({**INDUCTOR, "world_size": 8}, args=sharded)
+    assert fsdp.startswith("trace skip: fsdp2 shards the parameters") and "aot_compile" in fsdp, fsdp
     assert warnings(INDUCTOR, peft={"lora_r": 8}, args={"torch_compile": False}) == []  # nothing traced
