@@ -541,7 +541,8 @@ def cmd_coverage(ns: argparse.Namespace) -> int:
         for report in reports
     ]
     headers = ("report", "created", "status", "met", "warm", "missed", "fresh compiles")
-    print(format_table(headers, rows, right={0, 3, 4, 5, 6}))
+    if rows:  # a job no run has reported on: its count alone, no empty table
+        print(format_table(headers, rows, right={0, 3, 4, 5, 6}))
     for report in reports:
         missed = [labels.get(key, key[:12]) for key in report["missed"]]
         if missed:
@@ -552,7 +553,8 @@ def cmd_coverage(ns: argparse.Namespace) -> int:
         for signature in reported:
             why = f": {signature['error']}" if signature.get("error") else ""
             print(f"  {labels.get(signature['key'], signature['key'][:12])}  {signature['state']}{why}")
-    print(f"\n{len(reports)} report(s) for job {short_id(job['id'])} ({job['state']})")
+    gap = "\n" if rows or reported else ""
+    print(f"{gap}{len(reports)} report(s) for job {short_id(job['id'])} ({job['state']})")
     return 0
 
 
