@@ -11,12 +11,15 @@ import functools
 import gc
 import logging
 import math
+import os
+import socket
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from sqlalchemy import Engine, text
@@ -29,7 +32,7 @@ from warmup.db.queue import TaskQueue
 from warmup.db.repository import Repository
 from warmup.db.tokens import TokenStore
 from warmup.errors import PlanTooLargeError, SpecError, WarmupError
-from warmup.job.spec import Spec
+from warmup.job.spec import LOCAL_PATH_ARGS, LOCAL_PATH_FIELDS, Spec
 from warmup.job.trl_args import warm_up_trl
 from warmup.planner.estimate import CompileCosts, typical_seconds
 from warmup.planner.planning import plan_spec
@@ -250,6 +253,7 @@ class Services:
                 )
             return plan
 
+        refuse_service_relative_paths(spec)
         return self.plans.get_or_compute(spec.key(), compute)
 
     def recorded_compile_costs(
@@ -344,6 +348,29 @@ class Services:
         except Exception as error:
             return f"store: {error}"
         return None
+
+
+def refuse_service_relative_paths(spec: Spec) -> None:
+    """A relative local path that this service's own working directory holds is refused, not read. The client
+    sends every path that exists where it runs as an absolute one, so a relative one is something its machine
+    did not have there (or a Hub id): the service's same-named folder would be another model, silently."""
+    named = [(f"spec.{key}", getattr(spec, key)) for key in LOCAL_PATH_FIELDS]
+    named += [(f"spec.args.{key}", spec.args.get(key)) for key in LOCAL_PATH_ARGS]
+    for loc, value in named:
+        if not isinstance(value, str) or not value or Path(value).is_absolute():
+            continue
+        try:
+            here = Path(value).exists()
+        except (OSError, ValueError):  # a name no filesystem holds: a Hub id, or the reader refuses it
+            continue
+        if here:
+            raise SpecError(
+                f"{value} is a relative path, and the service reads none from its own working directory "
+                f"({socket.gethostname()}:{os.path.abspath(value)} exists, but it may not be what the client "
+                "named): `warmup` sends a path as an absolute one when it exists where the command runs, "
+                "so run it in the directory `trl` runs in, or give an absolute path",
+                loc=loc,
+            )
 
 
 @functools.cache

@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from warmup.advise.advice import Advice, advise
 from warmup.api.deps import ReadAccess, ServicesDep
 from warmup.api.schemas import AdviceRequest
+from warmup.api.services import refuse_service_relative_paths
 
 router = APIRouter(prefix="/v1", tags=["advice"])
 
@@ -19,6 +20,7 @@ router = APIRouter(prefix="/v1", tags=["advice"])
 )
 def create_advice(body: AdviceRequest, services: ServicesDep) -> Advice:
     spec = body.spec
+    refuse_service_relative_paths(spec)
     lengths = body.dataset.lengths("the request's dataset") if body.dataset is not None else None
     toolchain = body.toolchain
     if body.pool is not None:

@@ -233,6 +233,12 @@ def test_print_env_and_exec_set_the_cache_and_the_compile_policy(
     assert away.returncode == 0, away.stderr
     assert "cannot reach" in away.stderr and "using the cache an earlier pull installed" in away.stderr
     assert json.loads(away.stdout.strip().splitlines()[-1])["limits"] == [limit, accumulated]
+    # No service given at all (the documented no-server mode): the same install serves, said so at once.
+    alone = warmup("exec", spec_file, "--dest", dest, "--", sys.executable, "-c", child, env=no_retries())
+    assert alone.returncode == 0, alone.stderr
+    assert "no service given: training over the cache an earlier pull installed" in alone.stderr, alone.stderr
+    seen = json.loads(alone.stdout.strip().splitlines()[-1])
+    assert seen["limits"] == [limit, accumulated] and seen["env"]["WARMUP_SERVER"] is None
     victim = next(p for p in dest.rglob("entry"))
     victim.write_bytes(b"changed")  # ... unless the cache is not intact any more
     broken = warmup(
@@ -240,6 +246,10 @@ def test_print_env_and_exec_set_the_cache_and_the_compile_policy(
     )
     assert (
         broken.returncode == 1 and "cannot reach" in broken.stderr and "using the cache" not in broken.stderr
+    )
+    broken = warmup("exec", spec_file, "--dest", dest, "--", "true", env=no_retries())
+    assert (
+        broken.returncode == 1 and "is missing or changed in the cache, and no service given" in broken.stderr
     )
 
 

@@ -140,6 +140,30 @@ def test_invalid_spec_is_422_with_field_and_reason(api, model_dir):
     assert "does not exist" in missing_model.json()["detail"]["message"]
 
 
+def test_a_relative_model_path_is_never_read_from_the_services_directory(
+    api, model_dir, tmp_path, monkeypatch
+):
+    """`warmup` sends a path that exists where it runs as an absolute one; a relative one that the service's own
+    directory holds (another machine's folder of the same name) is refused, naming where the service looked."""
+    import shutil
+
+    shutil.copytree(model_dir, tmp_path / "tiny-model")
+    monkeypatch.chdir(tmp_path)
+    relative = spec_body(model_dir) | {"model": "tiny-model"}
+    for path, body in (
+        ("/v1/plans", {"spec": relative}),
+        ("/v1/warmups", {"spec": relative, "toolchain": cpu_toolchain().model_dump(mode="json")}),
+        ("/v1/advice", {"spec": relative}),
+    ):
+        answer = api.post(path, json=body)
+        assert answer.status_code == 422, (path, answer.text)
+        (problem,) = answer.json()["detail"]["problems"]
+        assert problem["loc"] == "spec.model", problem
+        assert f"{tmp_path / 'tiny-model'} exists" in problem["msg"] and "absolute path" in problem["msg"]
+    absolute = api.post("/v1/plans", json={"spec": spec_body(tmp_path / "tiny-model")})
+    assert absolute.status_code == 200, absolute.text
+
+
 def test_oversized_body_is_413(api, model_dir):
     body = {"spec": spec_body(model_dir) | {"args": {"x" * 2_000_000: 1}}}
     answer = api.post("/v1/plans", json=body)

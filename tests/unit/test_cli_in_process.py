@@ -109,6 +109,9 @@ def test_a_failed_signature_exits_3_and_names_it(service, model_dir, tmp_path, c
     assert main(["submit", str(spec), "--server", url, "--wait", "--timeout", "30"]) == 3
     error = capsys.readouterr().err
     assert "failed" in error and "the compiler crashed" in error
+    assert main(["pull", str(spec), "--server", url, "--dest", str(tmp_path / "cache")]) == 3
+    error = last_error_line(capsys)
+    assert f"of this spec failed (job {job['id'][:8]}): " in error and job["id"] not in error, error
 
 
 def test_pull_of_a_job_nobody_warmed_exits_3_and_says_what_to_do(service, model_dir, tmp_path, capsys):
@@ -275,7 +278,7 @@ def test_coverage_takes_the_short_id_submit_shows(service, model_dir, tmp_path, 
     job_id = captured.out.strip()  # the full id on stdout, for scripts
     assert captured.err.startswith(f"job {job_id[:8]}: ")  # the short one where a person reads it
     assert main(["coverage", job_id[:8], "--server", url]) == 0
-    assert capsys.readouterr().out.strip().endswith(f"0 report(s) for job {job_id[:8]} (queued)")
+    assert capsys.readouterr().out.strip() == f"0 report(s) for job {job_id[:8]} (queued)"  # no empty table
     assert main(["coverage", "ffffffff", "--server", url]) == 1
     assert "no warm-up job with id ffffffff" in last_error_line(capsys)
 

@@ -148,6 +148,42 @@ def test_a_dataset_trl_cannot_load_is_refused_with_the_form_it_can(grpo_job, tmp
         assert code == 0 and yaml.safe_load(out)["data"]["num_train_examples"] == 3, err
 
 
+def test_relative_data_paths_are_read_where_trl_runs_and_the_refusal_says_so(grpo_job, tmp_path, monkeypatch):
+    """A config read from another directory than the one `trl` runs in: its relative data paths are looked for
+    here, as `trl` would, and the refusal names this directory rather than advising a download."""
+    import uuid
+
+    config = yaml.safe_load(grpo_job["config"].read_text())
+    job = tmp_path / "job"
+    # A name no run has loaded before: offline, `load_dataset(NAME)` also finds a dataset cached under it.
+    name = f"prompts-{uuid.uuid4().hex[:8]}"
+    (job / name).mkdir(parents=True)
+    (job / name / "prompts.jsonl").write_text(grpo_job["data"].read_text())
+    mixture = job / "mixture.yaml"
+    body = {k: v for k, v in config.items() if k != "dataset_name"}
+    mixture.write_text(
+        yaml.safe_dump({**body, "datasets": [{"path": "json", "data_files": f"{name}/prompts.jsonl"}]})
+    )
+    folder = job / "folder.yaml"
+    folder.write_text(yaml.safe_dump({**body, "dataset_name": name}))
+    monkeypatch.chdir(tmp_path)  # not the job's directory
+    code, out, err = run(["facts", str(mixture), "--trainer", "grpo"])
+    assert code == 2 and out == "", err
+    assert (
+        f"{name}/prompts.jsonl is relative, read from the directory `trl` runs in, as here ({tmp_path})"
+        in err
+    ), err
+    assert "pass --dataset PATH" not in err, err
+    code, out, err = run(["facts", str(folder), "--trainer", "grpo"])
+    assert (
+        code == 2 and f"a relative one is read from the directory `trl` runs in, as here: {tmp_path}" in err
+    ), err
+    monkeypatch.chdir(job)  # where `trl` runs: both forms load
+    for path in (mixture, folder):
+        code, out, err = run(["facts", path.name, "--trainer", "grpo"])
+        assert code == 0 and yaml.safe_load(out)["data"]["num_train_examples"] == 3, err
+
+
 def test_the_api_takes_facts_not_datasets(tiny_model_dir):
     with pytest.raises(SpecError) as error:
         parse_spec({"trainer": "sft", "model": str(tiny_model_dir), "dataset": "/data/x.jsonl"})

@@ -347,7 +347,12 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     spec = load_spec_from_args(ns)
     try:
         if not ns.server and not ns.source:
-            env = child_environment(spec, _warmed_in_place(ns, spec))
+            pulled = _pulled_in_place(ns, spec)
+            env = (
+                child_environment(pulled[1], pulled[0])
+                if pulled is not None
+                else child_environment(spec, _warmed_in_place(ns, spec))
+            )
         elif ns.pull_first or not can_overlap():
             result = _pull(ns, spec)
             env = child_environment(spec, result, _server(ns))
@@ -385,7 +390,7 @@ def _warmed_in_place(ns: argparse.Namespace, spec: Any) -> Any:
     if warmed is None:
         raise WarmupError(
             "give the service URL (--server URL or WARMUP_SERVER), the bucket (--from s3://bucket/prefix), "
-            "or a --dest that `warmup warm` filled"
+            "or a --dest that `warmup warm` filled or an earlier `warmup pull` of this job installed"
         )
     dest = Path(ns.dest).expanduser().resolve()
     if warmed.get("spec_key") != spec.key():
@@ -440,6 +445,42 @@ def _installed_instead(ns: argparse.Namespace, spec: Any, error: ServerUnreachab
     initContainer's, for this job whatever data facts it was pulled with), provided it was pulled for
     this toolchain and every file's sha256 is still right. Returns the install and the spec it was
     pulled for (the training process finds the cache by it)."""
+    found = _installed_earlier(ns, spec, error)
+    if found is None:
+        raise error
+    result, installed_spec, facts = found
+    print(
+        f"warning: {error}; using the cache an earlier pull installed in {result.dest}{facts} "
+        f"({result.skipped} files, sha256 verified)",
+        file=sys.stderr,
+    )
+    return result, installed_spec
+
+
+def _pulled_in_place(ns: argparse.Namespace, spec: Any) -> tuple[Any, Any] | None:
+    """No service and no bucket, and DEST is not a directory `warmup warm` filled: what an earlier pull of this
+    job installed there, checked as the offline fallback checks it; None when it holds none."""
+    from warmup.pod.activation import read_manifest
+
+    if not ns.dest or read_manifest(ns.dest) is not None:
+        return None
+    no_service = WarmupError("no service given (--server URL or WARMUP_SERVER) to download it from")
+    found = _installed_earlier(ns, spec, no_service)
+    if found is None:
+        return None
+    result, installed_spec, facts = found
+    print(
+        f"exec: no service given: training over the cache an earlier pull installed in {result.dest}{facts} "
+        f"({result.skipped} files, sha256 verified); the run's coverage report is written, not posted",
+        file=sys.stderr,
+    )
+    return result, installed_spec
+
+
+def _installed_earlier(ns: argparse.Namespace, spec: Any, error: Exception) -> tuple[Any, Any, str] | None:
+    """What an earlier pull of this job installed in DEST under this toolchain, every file's sha256 checked (a
+    changed file fails with `error`: nothing to download it from): the install, the spec it was pulled for, and
+    a note when that spec's data facts differ. None when DEST holds no such install."""
     from warmup.client.installing import install
     from warmup.client.local import find_installed
     from warmup.toolchain.memo import remembered_toolchain
@@ -450,19 +491,16 @@ def _installed_instead(ns: argparse.Namespace, spec: Any, error: ServerUnreachab
         target.backend, target.device, world_size=target.world_size, directory=ns.dest
     )
     if found is None or found[0].toolchain_key != toolchain.key():
-        raise error
+        return None
     manifest, installed_spec = found
-    try:  # hashes every file (a changed one fails: nothing to download it from); downloads nothing
+    try:  # hashes every file; downloads nothing
         result = install(manifest, ns.dest, _Unreachable(error), trust_index=False, spec=installed_spec)
     except WarmupError:
-        raise error from None
+        if isinstance(error, ServerUnreachableError):
+            raise error from None
+        raise
     facts = "" if installed_spec is spec else ", pulled with other data facts (--dataset) for this config"
-    print(
-        f"warning: {error}; using the cache an earlier pull installed in {result.dest}{facts} "
-        f"({result.skipped} files, sha256 verified)",
-        file=sys.stderr,
-    )
-    return result, installed_spec
+    return result, installed_spec, facts
 
 
 class _Unreachable:
@@ -503,7 +541,8 @@ def cmd_coverage(ns: argparse.Namespace) -> int:
         for report in reports
     ]
     headers = ("report", "created", "status", "met", "warm", "missed", "fresh compiles")
-    print(format_table(headers, rows, right={0, 3, 4, 5, 6}))
+    if rows:  # a job no run has reported on: its count alone, no empty table
+        print(format_table(headers, rows, right={0, 3, 4, 5, 6}))
     for report in reports:
         missed = [labels.get(key, key[:12]) for key in report["missed"]]
         if missed:
@@ -514,7 +553,8 @@ def cmd_coverage(ns: argparse.Namespace) -> int:
         for signature in reported:
             why = f": {signature['error']}" if signature.get("error") else ""
             print(f"  {labels.get(signature['key'], signature['key'][:12])}  {signature['state']}{why}")
-    print(f"\n{len(reports)} report(s) for job {short_id(job['id'])} ({job['state']})")
+    gap = "\n" if rows or reported else ""
+    print(f"{gap}{len(reports)} report(s) for job {short_id(job['id'])} ({job['state']})")
     return 0
 
 

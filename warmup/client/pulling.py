@@ -29,6 +29,7 @@ from warmup.errors import (
     WarmupError,
     WarmupFailedError,
 )
+from warmup.formatting import short_id
 from warmup.manifest import MANIFESTS_PREFIX, Manifest, manifest_object_key, parse_manifest
 
 if TYPE_CHECKING:
@@ -270,7 +271,7 @@ def _raise_if_failed(client: ServiceClient, spec_key: str, toolchain_key: str) -
             for s in failed[:5]
         )
         raise WarmupFailedError(
-            f"the warm-up of {len(failed)} planned signature(s) of this spec failed (job {summary['id']}): "
+            f"the warm-up of {len(failed)} planned signature(s) of this spec failed (job {short_id(summary['id'])}): "
             f"{lines}; {failed_advice(failed)}"
         )
 

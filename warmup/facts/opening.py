@@ -7,6 +7,7 @@ folder or the datasets cache.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -161,8 +162,9 @@ def _not_for_trl(name: str, error: BaseException, local: bool) -> str:
     if local:
         return f"{name}: {fails}"
     return (
-        f"{name!r} is neither a local path nor in this machine's datasets cache "
-        f"({first_line(error)}); nothing is downloaded: pass --dataset PATH"
+        f"{name!r} is neither a local path (a relative one is read from the directory `trl` runs in, as here: "
+        f"{os.getcwd()}) nor in this machine's datasets cache ({first_line(error)}); nothing is downloaded: "
+        "pass --dataset PATH"
     )
 
 
@@ -178,11 +180,35 @@ def _load_mixture(selection: dict[str, Any]) -> dict[str, Any]:
     try:
         return dict(get_dataset(mixture))
     except Exception as error:
+        missing = [
+            p
+            for p in _mixture_paths(selection["datasets"])
+            if not Path(p).is_absolute() and not Path(p).exists()
+        ]
+        advice = (
+            f"{missing[0]} is relative, read from the directory `trl` runs in, as here ({os.getcwd()}): run this "
+            "command where `trl` runs, or make the path absolute"
+            if missing
+            else "nothing is downloaded: pass --dataset PATH"
+        )
         raise DatasetError(
-            f"cannot load the `datasets:` mixture from this machine ({first_line(error)}); nothing is downloaded: "
-            "pass --dataset PATH",
+            f"cannot load the `datasets:` mixture from this machine ({first_line(error)}); {advice}",
             loc="datasets",
         ) from None
+
+
+def _mixture_paths(entries: list[Any]) -> list[str]:
+    """The local paths a `datasets:` mixture names (`data_files`, `data_dir`; `path` is a builder or a Hub name)."""
+    paths: list[str] = []
+    for entry in entries:
+        entry = entry if isinstance(entry, dict) else {}
+        for value in (entry.get("data_dir"), entry.get("data_files")):
+            values = value.values() if isinstance(value, dict) else [value]
+            for item in values:
+                paths += [
+                    str(i) for i in (item if isinstance(item, list) else [item]) if isinstance(i, str) and i
+                ]
+    return paths
 
 
 def first_line(error: BaseException) -> str:
