@@ -213,6 +213,13 @@ def checkpoint_side_effects_once() -> contextlib.AbstractContextManager[Any]:
     return patched
 
 
+def checkpoint_side_effects_problem() -> str | None:
+    """Why `checkpoint_side_effects_once` does not hold at the installed torch, one sentence (None: it holds)."""
+    target = _BY_FUNCTION[("torch._dynamo.config", "skip_fwd_side_effects_in_bwd_under_checkpoint")]
+    problems = targets.check(LIBRARY, CHECKED_ON, (target,))
+    return problems[0] if problems else None
+
+
 def dynamo_counters() -> Any:
     """Dynamo's counters (`counters[group][name]`), or None where Dynamo was never imported (nothing counted)."""
     if "torch._dynamo.utils" not in sys.modules:
