@@ -1,7 +1,8 @@
 """torch's private names, in one place: Inductor's code cache and C++ build, its CPU ISA probes, the
 compile caches' switches, Dynamo's recompile limits, miss counters and compile-start callbacks, and what the
-trace skip reaches (its setting for side effects under gradient checkpointing among it) (warmup/trace_skip/): the hook on every compiled module, the compiled module's backend and
-shape policy, a module's hooks, Dynamo's compile of one function, `aot_compile` and its guards' filter.
+trace skip reaches (warmup/trace_skip/): the hook on every compiled module, the compiled module's backend and
+shape policy, a module's hooks, Dynamo's compile of one function and its setting for a change of state under
+gradient checkpointing, `aot_compile` and its guards' filter.
 
 Written against torch 2.13.0; checked on torch 2.13.0 and 2.14.1 (`CHECKED_ON`). Each function names the
 private target it reaches in `TARGETS`; `check()` resolves them all (tests/unit/test_compat.py), and a
