@@ -288,7 +288,8 @@ def test_a_backbone_using_hub_kernels_is_traced_with_kernels_context_set_once_in
     from warmup._compat import kernels as compat_kernels
 
     monkeypatch.setattr(compat_kernels, "TARGETS", ())  # kernels' own names: tests/unit/test_compat.py
-    assert split.traced_under(_KernelizedLayer(kernelized=False)) is contextlib.nullcontext  # torch's defaults
+    # torch's defaults for a backbone whose layers kernels did not decorate
+    assert split.traced_under(_KernelizedLayer(kernelized=False)) is contextlib.nullcontext
     tracing = split.traced_under(_KernelizedLayer(kernelized=True))
 
     import torch._dynamo.config
@@ -326,11 +327,10 @@ def test_a_checkpointed_job_using_hub_kernels_is_said_to_keep_no_trace_only_wher
     monkeypatch.setattr(compat_kernels, "check", lambda: [])
     monkeypatch.setattr(compat_torch, "checkpoint_side_effects_problem", lambda: None)
     assert losses.hub_kernels_checkpoint_loss() is None  # both seams hold: the trace is kept
-    monkeypatch.setattr(compat_torch, "checkpoint_side_effects_problem", lambda: "torch 9: the setting is gone")
+    monkeypatch.setattr(compat_torch, "checkpoint_side_effects_problem", lambda: "torch 9: it is gone")
     assert losses.hub_kernels_checkpoint_loss() == (
         "torch cannot trace a change of state inside non-reentrant gradient checkpointing (use_reentrant: false) "
-        "as one graph (HOP: Unsafe side effect): kernels sets a context variable there (torch 9: the setting is "
-        "gone)"
+        "as one graph (HOP: Unsafe side effect): kernels sets a context variable there (torch 9: it is gone)"
     )
 
 

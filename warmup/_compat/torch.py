@@ -47,7 +47,11 @@ TARGETS: tuple[Target, ...] = (
     Target("torch._functorch.config", "enable_autograd_cache", "enable_compile_caches"),
     Target("torch._dynamo.config", "recompile_limit", "raise_recompile_limits"),
     Target("torch._dynamo.config", "accumulated_recompile_limit", "raise_recompile_limits"),
-    Target("torch._dynamo.config", "skip_fwd_side_effects_in_bwd_under_checkpoint", "checkpoint_side_effects_once"),
+    Target(
+        "torch._dynamo.config",
+        "skip_fwd_side_effects_in_bwd_under_checkpoint",
+        "checkpoint_side_effects_once",
+    ),
     Target("torch._dynamo.utils", "counters", "dynamo_counters"),
     Target("torch._dynamo.utils", "calculate_time_spent", "dynamo_compile_seconds"),
     Target("torch._inductor.compile_fx", None, "import_compiler"),

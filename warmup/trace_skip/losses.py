@@ -61,7 +61,8 @@ def hub_kernels_checkpoint_loss() -> str | None:
     problem = next((p for p in problems if p), None)
     if problem is None:
         return None
-    return f"{dict(KNOWN_LOSSES)['torch.utils.checkpoint']}: kernels sets a context variable there ({problem})"
+    why = dict(KNOWN_LOSSES)["torch.utils.checkpoint"]
+    return f"{why}: kernels sets a context variable there ({problem})"
 
 
 def loss_line(trace: list[dict[str, Any]], lost: str | None) -> str:
