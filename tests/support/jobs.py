@@ -118,9 +118,9 @@ def known_trace_loss(*, checkpointed: bool = False) -> str | None:
     """Why the trace skip keeps no trace of the tiny Qwen3 model on this stack, where the reason is known and
     said, else None. Where `kernels` is installed (a dependency from transformers 5.25 on): a job under
     gradient checkpointing (non-reentrant there by default) sets kernels' context variable inside the
-    checkpoint, which torch cannot trace as one graph; and where the seam to kernels does not hold, Qwen3
-    calls an object of a class defined in a local scope, which torch cannot save (warmup/_compat/kernels.py,
-    docs/compile-caches.md)."""
+    checkpoint, which the split has torch trace once in the forward, unless that seam does not hold here; and
+    where the seam to kernels' function classes does not hold, Qwen3 calls an object of a class defined in a
+    local scope, which torch cannot save (warmup/_compat/kernels.py, docs/compile-caches.md)."""
     from warmup.trace_skip.losses import KNOWN_LOSSES, hub_kernels_checkpoint_loss, hub_kernels_loss
 
     if checkpointed and hub_kernels_checkpoint_loss() is not None:

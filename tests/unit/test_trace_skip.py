@@ -3,6 +3,7 @@ guards are kept, which files a training process considers, and what it says when
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -261,8 +262,8 @@ def test_a_rehearsal_says_in_one_line_what_its_trace_skip_did_not_keep():
     )
     line = losses.loss_line([{"stored": True}, {"stored": False, "reason": checkpoint}], None)
     assert line == (
-        "trace not kept for 1 of 2 call(s): torch cannot trace non-reentrant gradient checkpointing "
-        "(use_reentrant: false) as one graph (HOP: Unsafe side effect)"
+        "trace not kept for 1 of 2 call(s): torch cannot trace a change of state inside non-reentrant gradient "
+        "checkpointing (use_reentrant: false) as one graph (HOP: Unsafe side effect)"
     )
     assert "transformers' hub kernels" in losses.loss_line([{"stored": False, "reason": kernels}], None)
     lora = (
@@ -271,6 +272,67 @@ def test_a_rehearsal_says_in_one_line_what_its_trace_skip_did_not_keep():
     assert "enable_input_require_grads" in losses.loss_line([{"stored": False, "reason": lora}], None)
     other = losses.loss_line([{"stored": False, "reason": "TypeError: something new\nmore"}], None)
     assert other == "trace not kept for 1 of 1 call(s): TypeError: something new"
+
+
+class _KernelizedLayer:
+    """A backbone with one layer as kernels' `use_kernelized_func` leaves it: its own function instances."""
+
+    def __init__(self, kernelized: bool) -> None:
+        if kernelized:
+            self._kernel_funcs = {"apply_rotary_pos_emb": object()}
+
+    def modules(self) -> list[_KernelizedLayer]:
+        return [self]
+
+
+def test_a_backbone_using_hub_kernels_is_traced_with_kernels_context_set_once_in_the_forward(monkeypatch):
+    from warmup._compat import kernels as compat_kernels
+
+    monkeypatch.setattr(compat_kernels, "TARGETS", ())  # kernels' own names: tests/unit/test_compat.py
+    # torch's defaults for a backbone whose layers kernels did not decorate
+    assert split.traced_under(_KernelizedLayer(kernelized=False)) is contextlib.nullcontext
+    tracing = split.traced_under(_KernelizedLayer(kernelized=True))
+
+    import torch._dynamo.config
+
+    assert not torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint
+    with tracing():
+        assert torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint
+    assert not torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint  # only while it traces
+
+
+def test_where_torch_lacks_the_setting_a_backbone_using_hub_kernels_is_traced_with_torchs_defaults(
+    monkeypatch, caplog
+):
+    from warmup._compat import kernels as compat_kernels
+    from warmup._compat import torch as compat_torch
+    from warmup.errors import IncompatibleLibraryError
+
+    def gone() -> None:
+        raise IncompatibleLibraryError("torch 9: skip_fwd_side_effects_in_bwd_under_checkpoint is gone")
+
+    monkeypatch.setattr(compat_kernels, "TARGETS", ())
+    monkeypatch.setattr(compat_torch, "checkpoint_side_effects_once", gone)
+    with caplog.at_level(logging.WARNING):
+        assert split.traced_under(_KernelizedLayer(kernelized=True)) is contextlib.nullcontext
+    assert "a checkpointed model using hub kernels keeps no trace" in caplog.text
+
+
+def test_a_checkpointed_job_using_hub_kernels_is_said_to_keep_no_trace_only_where_a_seam_fails(monkeypatch):
+    from warmup._compat import kernels as compat_kernels
+    from warmup._compat import torch as compat_torch
+
+    monkeypatch.setattr(compat_kernels, "installed", lambda: False)
+    assert losses.hub_kernels_checkpoint_loss() is None  # no kernels: nothing sets the variable
+    monkeypatch.setattr(compat_kernels, "installed", lambda: True)
+    monkeypatch.setattr(compat_kernels, "check", lambda: [])
+    monkeypatch.setattr(compat_torch, "checkpoint_side_effects_problem", lambda: None)
+    assert losses.hub_kernels_checkpoint_loss() is None  # both seams hold: the trace is kept
+    monkeypatch.setattr(compat_torch, "checkpoint_side_effects_problem", lambda: "torch 9: it is gone")
+    assert losses.hub_kernels_checkpoint_loss() == (
+        "torch cannot trace a change of state inside non-reentrant gradient checkpointing (use_reentrant: false) "
+        "as one graph (HOP: Unsafe side effect): kernels sets a context variable there (torch 9: it is gone)"
+    )
 
 
 def test_a_recorder_names_why_a_compiled_model_kept_no_trace():

@@ -1,7 +1,8 @@
 """torch's private names, in one place: Inductor's code cache and C++ build, its CPU ISA probes, the
 compile caches' switches, Dynamo's recompile limits, miss counters and compile-start callbacks, and what the
 trace skip reaches (warmup/trace_skip/): the hook on every compiled module, the compiled module's backend and
-shape policy, a module's hooks, Dynamo's compile of one function, `aot_compile` and its guards' filter.
+shape policy, a module's hooks, Dynamo's compile of one function and its setting for a change of state under
+gradient checkpointing, `aot_compile` and its guards' filter.
 
 Written against torch 2.13.0; checked on torch 2.13.0 and 2.14.1 (`CHECKED_ON`). Each function names the
 private target it reaches in `TARGETS`; `check()` resolves them all (tests/unit/test_compat.py), and a
@@ -11,6 +12,7 @@ no torch; each function imports what it reaches.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import io
@@ -45,6 +47,11 @@ TARGETS: tuple[Target, ...] = (
     Target("torch._functorch.config", "enable_autograd_cache", "enable_compile_caches"),
     Target("torch._dynamo.config", "recompile_limit", "raise_recompile_limits"),
     Target("torch._dynamo.config", "accumulated_recompile_limit", "raise_recompile_limits"),
+    Target(
+        "torch._dynamo.config",
+        "skip_fwd_side_effects_in_bwd_under_checkpoint",
+        "checkpoint_side_effects_once",
+    ),
     Target("torch._dynamo.utils", "counters", "dynamo_counters"),
     Target("torch._dynamo.utils", "calculate_time_spent", "dynamo_compile_seconds"),
     Target("torch._inductor.compile_fx", None, "import_compiler"),
@@ -194,6 +201,28 @@ def raise_recompile_limits(limit: int, accumulated: int) -> None:
     torch._dynamo.config.accumulated_recompile_limit = max(
         torch._dynamo.config.accumulated_recompile_limit, accumulated
     )
+
+
+def checkpoint_side_effects_once() -> contextlib.AbstractContextManager[Any]:
+    """While it is open, Dynamo traces a gradient-checkpointed region whose forward changes state outside it
+    (the checkpoint's higher-order op) as one graph: the change is made once, in the forward, and not again
+    in the backward's recompute (torch's `skip_fwd_side_effects_in_bwd_under_checkpoint`); without it such a
+    region breaks the graph. Dynamo reads it as it traces, so a graph is the same in every process that traces
+    it under this setting."""
+    import torch._dynamo.config
+
+    _get("torch._dynamo.config", "skip_fwd_side_effects_in_bwd_under_checkpoint")
+    patched: contextlib.AbstractContextManager[Any] = torch._dynamo.config.patch(
+        skip_fwd_side_effects_in_bwd_under_checkpoint=True
+    )
+    return patched
+
+
+def checkpoint_side_effects_problem() -> str | None:
+    """Why `checkpoint_side_effects_once` does not hold at the installed torch, one sentence (None: it holds)."""
+    target = _BY_FUNCTION[("torch._dynamo.config", "skip_fwd_side_effects_in_bwd_under_checkpoint")]
+    problems = targets.check(LIBRARY, CHECKED_ON, (target,))
+    return problems[0] if problems else None
 
 
 def dynamo_counters() -> Any:

@@ -280,7 +280,7 @@ def compile_call(call: RecordedCall) -> Any:
     # torch 2.13 pickles a parameter's .grad into the guards unreadably: compile with none set
     module.zero_grad(set_to_none=True)
     module.train(call.training)
-    with torch.set_grad_enabled(call.grad):
+    with torch.set_grad_enabled(call.grad), call.split.tracing():  # the settings `compiled` traces under
         return compat_torch.aot_compile(
             types.MethodType(forward, module),
             call.args,

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from warmup._compat import kernels as compat_kernels
+from warmup._compat import torch as compat_torch
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ LOCAL_SCOPE = "defined in local scope"
 KNOWN_LOSSES = (
     (
         "torch.utils.checkpoint",
-        "torch cannot trace non-reentrant gradient checkpointing (use_reentrant: false) as one graph "
-        "(HOP: Unsafe side effect)",
+        "torch cannot trace a change of state inside non-reentrant gradient checkpointing (use_reentrant: "
+        "false) as one graph (HOP: Unsafe side effect)",
     ),
     (
         LOCAL_SCOPE,
@@ -73,11 +74,17 @@ def hub_kernels_loss() -> str | None:
 
 def hub_kernels_checkpoint_loss() -> str | None:
     """Why a job under gradient checkpointing of a model calling hub-kernel functions keeps no trace here (None
-    where `kernels` is not installed): kernels sets a context variable inside the checkpoint (non-reentrant, the
-    default from transformers 5.25 on), which torch cannot trace as one graph. The FX/AOT caches still serve it."""
+    where it keeps it, or `kernels` is not installed). kernels sets a context variable in each attention layer,
+    inside the checkpoint (non-reentrant, the default from transformers 5.25 on); the split has torch trace that
+    once, in the forward (`split.traced_under`), which needs that variable in kernels and that setting in torch."""
     if not compat_kernels.installed():
         return None
-    return f"{dict(KNOWN_LOSSES)['torch.utils.checkpoint']}: kernels sets a context variable inside the checkpoint"
+    problems = [*compat_kernels.check(), compat_torch.checkpoint_side_effects_problem()]
+    problem = next((p for p in problems if p), None)
+    if problem is None:
+        return None
+    why = dict(KNOWN_LOSSES)["torch.utils.checkpoint"]
+    return f"{why}: kernels sets a context variable there ({problem})"
 
 
 def loss_line(trace: list[dict[str, Any]], lost: str | None) -> str:

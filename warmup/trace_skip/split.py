@@ -3,6 +3,7 @@ forward run eagerly around it; the same in the rehearsal and the training proces
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import types
@@ -92,6 +93,8 @@ class Split:
     dynamic: bool | None
     compiled: Callable[..., Any]
     digest: str = ""  # config_digest(module), taken when the model is compiled
+    # the torch settings Dynamo traces the backbone under, here and in `compiled` alike (`traced_under`)
+    tracing: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
 Serve = Callable[[Split, tuple[Any, ...], dict[str, Any]], Any]
@@ -109,9 +112,12 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
     if backbone is None:
         return None
     _saveable_hub_kernels(backbone)
+    tracing = traced_under(backbone)
     eager = backbone.forward
     compiled = compat_torch.dynamo_compiled(eager, backend=backend, dynamic=dynamic)
-    split = Split(backbone, backend, dynamic, compiled, config_digest(backbone, adapters))
+    if tracing is not contextlib.nullcontext:
+        compiled = _traced_under(tracing, compiled)
+    split = Split(backbone, backend, dynamic, compiled, config_digest(backbone, adapters), tracing)
     # The compiled model's call runs its forward eagerly around the backbone: what is left (TRL's LM head,
     # whose autograd.Function Dynamo cannot trace, and the loss) is a few small ops, and tracing them is
     # what a warmed process would otherwise still pay for on every shape. Calls of the bare model (TRL's
@@ -161,6 +167,33 @@ def _saveable_hub_kernels(backbone: Any) -> None:
         compat_kernels.saveable_kernel_functions(backbone)
     except IncompatibleLibraryError as error:
         log.warning("trace skip: %s; a model using hub kernels keeps no trace", error)
+
+
+def traced_under(backbone: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """The torch settings Dynamo traces `backbone` under, in the warm-up and the training process alike, artifact
+    or not. A backbone whose layers call transformers' hub-kernel functions sets kernels' context variable in each
+    attention layer and resets it (warmup/_compat/kernels.py): under gradient checkpointing that is a change of
+    state inside the checkpoint, which breaks the graph there unless Dynamo is told to make it once, in the
+    forward (`checkpoint_side_effects_once`); the variable only routes a call, resolved as Dynamo traces, so
+    the backward's recompute needs it no more than it needs it reset. Every other model: torch's defaults."""
+    try:
+        if not compat_kernels.sets_context_in_layers(backbone):
+            return contextlib.nullcontext
+        compat_torch.checkpoint_side_effects_once()  # the setting exists here (the same torch in both processes)
+    except IncompatibleLibraryError as error:
+        log.warning("trace skip: %s; a checkpointed model using hub kernels keeps no trace", error)
+        return contextlib.nullcontext
+    return compat_torch.checkpoint_side_effects_once
+
+
+def _traced_under(
+    tracing: Callable[[], contextlib.AbstractContextManager[Any]], compiled: Callable[..., Any]
+) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with tracing():
+            return compiled(*args, **kwargs)
+
+    return call
 
 
 def on_compiled_module(hook: Callable[[Any], None]) -> None:
