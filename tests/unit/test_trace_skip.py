@@ -197,14 +197,14 @@ def _checked(monkeypatch, fresh_runs, served):
     values = iter([*fresh_runs, served])
     threads: list[int] = []
 
-    def run(call, fn):  # the largest OpenMP team a kernel could get now
+    def run(call, fn, autocast):  # the largest OpenMP team a kernel could get now
         threads.append(1 if omp.omp_get_max_active_levels() == 0 else torch.get_num_threads())
         return next(values)
 
     monkeypatch.setattr(capture, "_run", run)
     module = torch.nn.Linear(1, 1)
     split = types.SimpleNamespace(module=module, compiled=None)
-    call = types.SimpleNamespace(split=split, args=(), kwargs={}, grad=True, training=True)
+    call = types.SimpleNamespace(split=split, args=(), kwargs={}, grad=True, training=True, autocast=())
     loaded = types.SimpleNamespace(guard_check=lambda *a, **k: True)
     return capture.compare(call, loaded, exact=True), threads
 

@@ -3,13 +3,14 @@ adapters), the call it serves, the guards it keeps, the functions it refers to, 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
 import logging
 import re
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from warmup._compat import torch as compat_torch
@@ -60,8 +61,78 @@ def _as_json(value: Any) -> Any:
     return sorted(map(str, value)) if isinstance(value, set | frozenset) else str(value)
 
 
+Autocast = tuple[tuple[str, str], ...]  # (device type, dtype) of each autocast region a call runs in
+
+
+def autocast_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Autocast:
+    """The autocast regions the call runs in (accelerate's mixed precision: TRL's default bf16 on CPU, bf16 or
+    fp16 on an accelerator), for the CPU and the devices of its tensors. Among Dynamo's global guards: an
+    artifact compiled outside them is refused inside, so the rehearsal compiles and checks each call under the
+    regions it met."""
+    import torch
+
+    devices = {"cpu"} | {v.device.type for v in [*args, *kwargs.values()] if isinstance(v, torch.Tensor)}
+    return tuple(
+        (device, str(torch.get_autocast_dtype(device)).removeprefix("torch."))
+        for device in sorted(devices)
+        if torch.is_autocast_enabled(device)
+    )
+
+
+@contextlib.contextmanager
+def autocast_regions(state: Autocast) -> Iterator[None]:
+    """Run the block inside the autocast regions `state` names (outside any, when it names none)."""
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        for device, dtype in state:
+            stack.enter_context(torch.autocast(device_type=device, dtype=getattr(torch, dtype)))
+        yield
+
+
+@contextlib.contextmanager
+def outside_autocast(state: Autocast) -> Iterator[None]:
+    """Leave the autocast regions `state` names for the block (an artifact of a call made in them carries its own:
+    `forward_in_autocast`)."""
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        for device, _dtype in state:
+            stack.enter_context(torch.autocast(device_type=device, enabled=False))
+        yield
+
+
+# The keyword arguments `forward_in_autocast` takes its region from.
+AUTOCAST_DEVICE, AUTOCAST_DTYPE = "_warmup_autocast_device", "_warmup_autocast_dtype"
+
+
+def forward_in_autocast(module: Any, *args: Any, **kwargs: Any) -> Any:
+    """The backbone's forward inside one autocast region, which is how the artifact of a call made in mixed
+    precision is compiled and run. torch's aot_compile under an ambient autocast guards the inputs' dispatch keys
+    as they are outside it, so such an artifact would refuse every call it was made for; compiled with the region
+    inside the function and called outside the ambient one (`outside_autocast`), it runs the same casts."""
+    import torch
+
+    device, dtype = kwargs.pop(AUTOCAST_DEVICE), kwargs.pop(AUTOCAST_DTYPE)
+    with torch.autocast(device_type=device, dtype=dtype):
+        return type(module).forward(module, *args, **kwargs)
+
+
+def autocast_arguments(state: Autocast) -> dict[str, Any]:
+    """What `forward_in_autocast` is called with for `state` (one region; none: nothing)."""
+    import torch
+
+    if not state:
+        return {}
+    if len(state) > 1:
+        raise ValueError(f"autocast on several devices at once ({', '.join(d for d, _ in state)})")
+    ((device, dtype),) = state
+    return {AUTOCAST_DEVICE: device, AUTOCAST_DTYPE: getattr(torch, dtype)}
+
+
 def describe_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """A call's input signature: what a graph specialises on among the arguments, with grad mode and mode."""
+    """A call's input signature: what a graph specialises on among the arguments, with grad mode, mode and the
+    autocast regions it runs in."""
     import torch
 
     def one(value: Any) -> str:
@@ -74,7 +145,8 @@ def describe_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 
     parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
     grad = "grad" if torch.is_grad_enabled() else "no_grad"
-    return f"{'train' if module.training else 'eval'};{grad};" + ",".join(parts)
+    autocast = "".join(f"autocast={device}:{dtype};" for device, dtype in autocast_state(args, kwargs))
+    return f"{'train' if module.training else 'eval'};{grad};{autocast}" + ",".join(parts)
 
 
 def guard_filter(closure_names: frozenset[str]) -> Callable[[Any], list[bool]]:

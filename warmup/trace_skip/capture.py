@@ -21,8 +21,13 @@ from warmup.trace_skip.artifacts import (
     OFF_MARKER,
     SPLIT_MARKER,
     TRACE_DIR,
+    Autocast,
     artifact_name,
+    autocast_arguments,
+    autocast_regions,
+    autocast_state,
     describe_call,
+    forward_in_autocast,
     guard_filter,
     hidden_functions,
     load_artifact,
@@ -41,6 +46,7 @@ class RecordedCall:
     grad: bool
     training: bool
     description: str
+    autocast: Autocast = ()  # the autocast regions it ran in (mixed precision): `forward_in_autocast`
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,13 @@ class Recorder:
         if key not in self.calls:
             grad, training = torch.is_grad_enabled(), split.module.training
             self.calls[key] = RecordedCall(
-                split, _detached(args), _detached(kwargs), grad, training, description
+                split,
+                _detached(args),
+                _detached(kwargs),
+                grad,
+                training,
+                description,
+                autocast_state(args, kwargs),
             )
         return split.compiled(*args, **kwargs)
 
@@ -265,6 +277,7 @@ def capture_call(call: RecordedCall, cache_dir: Path, *, exact: bool = True) -> 
         "call": call.description,
         "torch": torch.__version__,
         "check": "bitwise" if exact else "tolerance",
+        "autocast": [list(region) for region in call.autocast],
     }
     meta.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return CaptureOutcome(call.description, True, path=f"{TRACE_DIR}/{name}.aot", seconds=seconds)
@@ -280,11 +293,13 @@ def compile_call(call: RecordedCall) -> Any:
     # torch 2.13 pickles a parameter's .grad into the guards unreadably: compile with none set
     module.zero_grad(set_to_none=True)
     module.train(call.training)
+    # A call made in mixed precision: its region goes inside the compiled function, none around it.
+    traced = forward_in_autocast if call.autocast else forward
     with torch.set_grad_enabled(call.grad), call.split.tracing():  # the settings `compiled` traces under
         return compat_torch.aot_compile(
-            types.MethodType(forward, module),
+            types.MethodType(traced, module),
             call.args,
-            call.kwargs,
+            {**call.kwargs, **autocast_arguments(call.autocast)},
             backend=call.split.backend,
             dynamic=call.split.dynamic,
             guard_filter_fn=guard_filter(closure),
@@ -305,13 +320,17 @@ def compare(call: RecordedCall, loaded: Any, *, exact: bool) -> str | None:
 
     module = call.split.module
     module.train(call.training)
+    region = autocast_arguments(call.autocast)  # served outside the call's autocast, carrying its own
     with torch.set_grad_enabled(call.grad):  # grad mode is among the guards
-        accepted = loaded.guard_check(module, *call.args, **call.kwargs)
+        accepted = loaded.guard_check(module, *call.args, **call.kwargs, **region)
     if not accepted:
         return "the artifact's guards refuse the very call it was compiled for"
     with serial_kernels():
-        runs = [_run(call, lambda: call.split.compiled(*call.args, **call.kwargs)) for _ in range(2)]
-        served = _run(call, lambda: loaded(module, *call.args, **call.kwargs))
+        runs = [
+            _run(call, lambda: call.split.compiled(*call.args, **call.kwargs), call.autocast)
+            for _ in range(2)
+        ]
+        served = _run(call, lambda: loaded(module, *call.args, **call.kwargs, **region), ())
     return _differences(runs, served, exact=exact)
 
 
@@ -344,16 +363,17 @@ def serial_kernels() -> Iterator[None]:
         runtime.omp_set_max_active_levels(levels)
 
 
-def _run(call: RecordedCall, fn: Callable[[], Any]) -> list[Any]:
+def _run(call: RecordedCall, fn: Callable[[], Any], autocast: Autocast) -> list[Any]:
     """The call's output tensors and, when it has a graph to differentiate, every parameter's gradient of
-    the loss (or of the sum of the outputs, for a module whose loss is computed outside)."""
+    the loss (or of the sum of the outputs, for a module whose loss is computed outside); the forward in the
+    autocast regions `autocast` names, the backward outside them, as a training step runs them."""
     import torch
 
     module = call.split.module
     module.zero_grad(set_to_none=True)
     module.train(call.training)
     torch.manual_seed(0)
-    with torch.set_grad_enabled(call.grad):
+    with torch.set_grad_enabled(call.grad), autocast_regions(autocast):
         out = fn()
     tensors = [t for t in _tensors(out) if isinstance(t, torch.Tensor)]
     results: list[Any] = [t.detach().clone() for t in tensors]

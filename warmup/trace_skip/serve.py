@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from warmup.errors import IncompatibleLibraryError
-from warmup.trace_skip.artifacts import FORMAT, OFF_MARKER, SPLIT_MARKER, TRACE_DIR, load_artifact
+from warmup.trace_skip.artifacts import (
+    FORMAT,
+    OFF_MARKER,
+    SPLIT_MARKER,
+    TRACE_DIR,
+    autocast_arguments,
+    autocast_state,
+    load_artifact,
+    outside_autocast,
+)
 from warmup.trace_skip.split import (
     Split,
     is_plain,
@@ -41,7 +50,10 @@ class TraceSkip:
     misses: int = 0
     load_seconds: float = 0.0
     off: str | None = None
-    _functions: dict[int, list[Any]] = field(default_factory=dict, repr=False)
+    # per module: each loaded artifact with the autocast regions its call was made in
+    _functions: dict[int, list[tuple[Any, tuple[tuple[str, str], ...]]]] = field(
+        default_factory=dict, repr=False
+    )
     _loaded: dict[Path, Any] = field(default_factory=dict, repr=False)  # by artifact, for every module
     _records: list[tuple[Path, dict[str, Any]]] | None = field(default=None, repr=False)
 
@@ -88,17 +100,22 @@ class TraceSkip:
                     self.refuse(f"not loadable ({type(error).__name__})")
                     continue
                 self.loaded += 1
-            functions.append(self._loaded[path])
+            functions.append((self._loaded[path], tuple(tuple(r) for r in record.get("autocast", ()))))
         self.load_seconds += time.perf_counter() - start
         self._functions[id(module)] = functions
 
     def serve(self, split: Split, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         module = split.module
         if is_plain(module):
-            for fn in self._functions.get(id(module), ()):
-                if fn.guard_check(module, *args, **kwargs):
-                    self.hits += 1
-                    return fn(module, *args, **kwargs)
+            autocast = autocast_state(args, kwargs)  # mixed precision: artifacts made in the same regions
+            for fn, made_in in self._functions.get(id(module), ()):
+                if made_in != autocast:
+                    continue
+                region = autocast_arguments(autocast)  # the artifact enters it itself
+                with outside_autocast(autocast):
+                    if fn.guard_check(module, *args, **kwargs, **region):
+                        self.hits += 1
+                        return fn(module, *args, **kwargs, **region)
         self.misses += 1
         return split.compiled(*args, **kwargs)
 
