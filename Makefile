@@ -49,7 +49,8 @@ test: install install-test-deps
 # $(NEWEST_VENV)/stack.json (tools/stack_record.py; `--write` puts it into warmup/data/stacks.json).
 NEWEST_VENV ?= .venv-newest
 NEWEST_TESTS := tests/unit tests/integration/planner tests/e2e/test_zero_compile.py \
-    tests/e2e/test_zero_compile_jobs.py::test_lora_sft_with_gradient_checkpointing tests/e2e/test_multi_process.py
+    tests/e2e/test_zero_compile_jobs.py::test_lora_sft_with_gradient_checkpointing tests/e2e/test_multi_process.py \
+    tests/e2e/test_trace_skip_fallback.py
 install-newest: $(NEWEST_VENV)/.installed
 $(NEWEST_VENV)/.installed: pyproject.toml constraints/newest.txt
 	python3 -m venv $(NEWEST_VENV)
