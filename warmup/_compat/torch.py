@@ -79,6 +79,7 @@ TRACE_SKIP_TARGETS = (
     Target(_AOT, "AOTCompiledFunction._extra_globals", "aot_compile"),
     Target(_AOT, "AOTCompiledFunction.disable_guard_check", "load_aot_compiled", ("self",)),
     Target("torch.compiler", "load_compiled_function", "load_aot_compiled", ("file",)),
+    Target(_AOT, "AOTCompiledFunction.prepare_f_locals", "guard_failure", ("self",)),
     Target(
         "torch._dynamo.guards",
         "CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES",
@@ -373,6 +374,18 @@ def aot_compile(
             raise RuntimeError(f"the compiled code needs global {ref!r}, which cannot be saved")
         env.used_globals[ref] = value
     return aot
+
+
+def guard_failure(loaded: Any, *args: Any, **kwargs: Any) -> str:
+    """Why the `aot_compile` artifact `loaded` refuses a call: its first failing guard as Dynamo words it (`''`
+    when torch does not say). A second evaluation of the guards: for a call that is traced anyway."""
+    try:
+        _get(_AOT, "AOTCompiledFunction.prepare_f_locals")
+        info = loaded._artifacts.guard_manager.check_verbose(loaded.prepare_f_locals(*args, **kwargs))
+        parts = [str(part).strip() for part in getattr(info, "verbose_code_parts", None) or ()]
+    except Exception:  # only words for a miss: never a reason to fail the call
+        return ""
+    return " ".join(parts[0].split())[:200] if parts else ""
 
 
 def load_aot_compiled(data: bytes, external_data: dict[str, Any]) -> Any:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warmup._compat import torch as compat_torch
 from warmup.errors import IncompatibleLibraryError
 from warmup.trace_skip.artifacts import (
     FORMAT,
@@ -23,6 +24,7 @@ from warmup.trace_skip.artifacts import (
     TRACE_DIR,
     autocast_arguments,
     autocast_state,
+    describe_call,
     load_artifact,
     outside_autocast,
 )
@@ -48,10 +50,11 @@ class TraceSkip:
     refused: dict[str, int] = field(default_factory=dict)
     hits: int = 0
     misses: int = 0
+    traced_because: dict[str, int] = field(default_factory=dict)  # why calls an artifact was made for traced
     load_seconds: float = 0.0
     off: str | None = None
-    # per module: each loaded artifact with the autocast regions its call was made in
-    _functions: dict[int, list[tuple[Any, tuple[tuple[str, str], ...]]]] = field(
+    # per module: each loaded artifact, the autocast regions its call was made in, and that call
+    _functions: dict[int, list[tuple[Any, tuple[tuple[str, str], ...], str | None]]] = field(
         default_factory=dict, repr=False
     )
     _loaded: dict[Path, Any] = field(default_factory=dict, repr=False)  # by artifact, for every module
@@ -67,6 +70,8 @@ class TraceSkip:
         text += f"; {self.loaded} of {self.available} artifact(s) loaded in {self.load_seconds:.2f} s"
         if self.refused:
             text += "; refused: " + ", ".join(f"{n} {why}" for why, n in sorted(self.refused.items()))
+        if self.traced_because:
+            text += "; traced: " + ", ".join(f"{n} {why}" for why, n in sorted(self.traced_because.items()))
         return text
 
     def wrap(self, optimized: Any) -> None:
@@ -100,7 +105,8 @@ class TraceSkip:
                     self.refuse(f"not loadable ({type(error).__name__})")
                     continue
                 self.loaded += 1
-            functions.append((self._loaded[path], tuple(tuple(r) for r in record.get("autocast", ()))))
+            made_in = tuple(tuple(region) for region in record.get("autocast", ()))
+            functions.append((self._loaded[path], made_in, record.get("call")))
         self.load_seconds += time.perf_counter() - start
         self._functions[id(module)] = functions
 
@@ -108,7 +114,7 @@ class TraceSkip:
         module = split.module
         if is_plain(module):
             autocast = autocast_state(args, kwargs)  # mixed precision: artifacts made in the same regions
-            for fn, made_in in self._functions.get(id(module), ()):
+            for fn, made_in, _call in self._functions.get(id(module), ()):
                 if made_in != autocast:
                     continue
                 region = autocast_arguments(autocast)  # the artifact enters it itself
@@ -116,8 +122,25 @@ class TraceSkip:
                     if fn.guard_check(module, *args, **kwargs, **region):
                         self.hits += 1
                         return fn(module, *args, **kwargs, **region)
+            self._say_why_traced(module, args, kwargs)
         self.misses += 1
         return split.compiled(*args, **kwargs)
+
+    def _say_why_traced(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A call an artifact was made for (the same description) that its guards still refused: count it under
+        the guard that failed, so the trace skip's line says why (a call no artifact was made for, another shape
+        say, is a plain miss)."""
+        made_for = describe_call(module, args, kwargs)
+        for fn, made_in, call in self._functions.get(id(module), ()):
+            if call != made_for:
+                continue
+            region = autocast_arguments(made_in)
+            with outside_autocast(made_in):
+                failed = compat_torch.guard_failure(fn, module, *args, **kwargs, **region)
+            why = f"guards refused ({failed})" if failed else "guards refused"
+            self.traced_because[why] = self.traced_because.get(why, 0) + 1
+            log.debug("trace skip: %s traced: %s", made_for, why)
+            return
 
     def summary(self) -> dict[str, Any]:
         """What it did, as a training run reports it."""
@@ -126,6 +149,7 @@ class TraceSkip:
             "misses": self.misses,
             "loaded": self.loaded,
             "refused": self.refused,
+            "traced_because": self.traced_because,
             "off": self.off,
             "load_seconds": self.load_seconds,
         }
