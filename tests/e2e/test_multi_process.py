@@ -11,14 +11,11 @@ the rehearsal's 2 ranks make and check the artifacts the 3 training ranks load).
 from __future__ import annotations
 
 import json
-import sys
 
 from tests.support.jobs import (
-    TRAIN_JOB,
-    free_port,
     no_fresh_compiles,
     only_empty_locks_appeared,
-    run,
+    run_job_under_torchrun,
     served_warm,
     warm_as_job_of,
     write_spec,
@@ -44,17 +41,10 @@ def test_a_three_process_job_warmed_with_two_trains_with_zero_compiles(
     assert manifest["toolchain"]["num_threads"] == 1
 
     before = list_paths(cache)
-    out = tmp_path / "job.json"
-    port = free_port()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3", "--master-addr=127.0.0.1"]
-    command += [f"--master-port={port}", TRAIN_JOB, "--spec", spec_path, "--weights", user_weights_dir]
-    command += ["--cache-dir", cache, "--out", out, "--steps", 2, "--min-tokens", 10, "--split", 31]
-    command += ["--max-tokens", 32]
-    done = run(command)
-    assert done.returncode == 0, done.stderr[-6000:]
-    for rank in range(3):
-        report_path = out if rank == 0 else out.with_suffix(f".rank{rank}.json")
-        ranked = json.loads(report_path.read_text())
+    reports = run_job_under_torchrun(
+        spec_path, user_weights_dir, cache, tmp_path / "job.json", ranks=3, steps=2, low=10, split=31, high=32
+    )
+    for rank, ranked in enumerate(reports):
         assert no_fresh_compiles(ranked), (rank, ranked["fresh_compiles"])
         assert {tuple(shape) for shape in ranked["shapes"]} == {(2, 32)}
         # the trace skip's artifacts (made and checked by the 2 rehearsal ranks) serve every backbone call

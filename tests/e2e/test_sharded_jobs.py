@@ -11,7 +11,6 @@ the rehearsal and in the training job alike (accelerate 1.15 sets FSDP up only o
 
 from __future__ import annotations
 
-import json
 import sys
 from importlib import resources
 from pathlib import Path
@@ -22,6 +21,7 @@ from tests.support.jobs import (
     TRAIN_JOB,
     free_port,
     only_empty_locks_appeared,
+    rank_reports,
     run,
     warm_as_job_of,
     write_spec,
@@ -68,12 +68,10 @@ def warm_then_train(preset: str, model: Path, weights: Path, tmp_path: Path, **a
     done = run(command, timeout=1500)
     assert done.returncode == 0, done.stderr[-6000:]
     assert only_empty_locks_appeared(cache, before) == []
-    reports = []
-    for rank in range(WORLD):
-        ranked = json.loads((out if rank == 0 else out.with_suffix(f".rank{rank}.json")).read_text())
+    reports = rank_reports(out, WORLD)
+    for rank, ranked in enumerate(reports):
         assert {tuple(shape) for shape in ranked["shapes"]} == {(2, 32)}, rank
         assert ranked["counters"]["inductor"]["fxgraph_cache_hit"] > 0, rank
-        reports.append(ranked)
     return reports
 
 

@@ -11,17 +11,10 @@ training runs under `torchrun --nproc-per-node=2`, in fresh processes over that 
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-from typing import Any
-
 from tests.support.jobs import (
-    TRAIN_JOB,
-    free_port,
     no_fresh_compiles,
     only_empty_locks_appeared,
-    run,
+    run_job_under_torchrun,
     warm_as_job_of,
     write_spec,
 )
@@ -29,18 +22,7 @@ from warmup.artifacts import list_paths
 from warmup.trace_skip.artifacts import SPLIT_MARKER, TRACE_DIR
 
 RANKS = 2
-
-
-def train_ranks(spec: Path, weights: Path, cache: Path, out: Path) -> list[dict[str, Any]]:
-    """One two-step run of the job under torchrun; each rank's report."""
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={RANKS}"]
-    command += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", TRAIN_JOB, "--spec", spec]
-    command += ["--weights", weights, "--cache-dir", cache, "--out", out, "--steps", 2]
-    command += ["--min-tokens", 10, "--split", 31, "--max-tokens", 32]
-    done = run(command)
-    assert done.returncode == 0, done.stderr[-6000:]
-    paths = [out if rank == 0 else out.with_suffix(f".rank{rank}.json") for rank in range(RANKS)]
-    return [json.loads(path.read_text()) for path in paths]
+BATCHES = {"low": 10, "split": 31, "high": 32}  # train_job.py's lengths: one width, 32
 
 
 def test_a_ddp_job_of_two_processes_runs_its_backbone_untraced_on_every_rank(
@@ -63,7 +45,11 @@ def test_a_ddp_job_of_two_processes_runs_its_backbone_untraced_on_every_rank(
     assert artifacts and (cache / TRACE_DIR / SPLIT_MARKER).is_file()
     before = list_paths(cache)
 
-    for rank, ranked in enumerate(train_ranks(spec, user_weights_dir, cache, tmp_path / "served.json")):
+    for rank, ranked in enumerate(
+        run_job_under_torchrun(
+            spec, user_weights_dir, cache, tmp_path / "served.json", ranks=RANKS, steps=2, **BATCHES
+        )
+    ):
         skip = ranked["trace_skip"]
         assert skip["hits"] > 0 and skip["misses"] == 0, (rank, skip)
         assert skip["loaded"] == len(artifacts) and skip["refused"] == {}, (rank, skip)
@@ -73,7 +59,11 @@ def test_a_ddp_job_of_two_processes_runs_its_backbone_untraced_on_every_rank(
 
     for path in artifacts:  # damaged in transit: every rank refuses each as it loads
         path.write_bytes(b"not a compiled function")
-    for rank, ranked in enumerate(train_ranks(spec, user_weights_dir, cache, tmp_path / "refused.json")):
+    for rank, ranked in enumerate(
+        run_job_under_torchrun(
+            spec, user_weights_dir, cache, tmp_path / "refused.json", ranks=RANKS, steps=2, **BATCHES
+        )
+    ):
         skip = ranked["trace_skip"]
         assert skip["hits"] == 0 and skip["misses"] > 0, (rank, skip)
         assert sum(skip["refused"].values()) == len(artifacts), (rank, skip)

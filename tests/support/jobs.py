@@ -114,6 +114,37 @@ def run_job(
     return json.loads(out.read_text())
 
 
+def run_job_under_torchrun(
+    spec: Path,
+    weights: Path,
+    cache: Path,
+    out: Path,
+    *,
+    ranks: int,
+    low: int,
+    split: int,
+    high: int,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Run train_job.py as `ranks` processes under torchrun in fresh processes; each rank's JSON report, rank 0's
+    first. Fails the test with the job's output."""
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
+    command += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", TRAIN_JOB, "--spec", spec]
+    command += ["--weights", weights, "--cache-dir", cache, "--out", out]
+    command += ["--min-tokens", low, "--split", split, "--max-tokens", high]
+    for name, value in options.items():
+        command += [f"--{name.replace('_', '-')}", value]
+    done = run(command)
+    assert done.returncode == 0, done.stderr[-6000:]
+    return rank_reports(out, ranks)
+
+
+def rank_reports(out: Path, ranks: int) -> list[dict[str, Any]]:
+    """The reports train_job.py's ranks wrote for `--out OUT`: OUT for rank 0, OUT.rank<k>.json for the others."""
+    paths = [out if rank == 0 else out.with_suffix(f".rank{rank}.json") for rank in range(ranks)]
+    return [json.loads(path.read_text()) for path in paths]
+
+
 def known_trace_loss(*, checkpointed: bool = False) -> str | None:
     """Why the trace skip keeps no trace of the tiny Qwen3 model on this stack, where the reason is known and
     said, else None. Where `kernels` is installed (a dependency from transformers 5.25 on): a job under
