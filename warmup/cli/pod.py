@@ -364,9 +364,8 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     from warmup.cli.quiet import quieted
 
     env = {**{k: v for k, v in os.environ.items() if k not in quieted()}, **env}
-    if (
-        ns.strict
-    ):  # read by WarmupCallback, which warmup/pod/_sitecustomize adds to every Trainer under --strict
+    # read by WarmupCallback, which warmup/pod/_sitecustomize adds to every Trainer under --strict
+    if ns.strict:
         env["WARMUP_STRICT"] = "1"
     print(f"exec: {shlex.join(ns.argv)}", file=sys.stderr, flush=True)
     sys.stdout.flush()
