@@ -235,7 +235,9 @@ def test_jobs_that_were_refused_are_submitted_and_a_bad_peft_block_is_422(api, m
     assert bad.json()["detail"]["problems"][0]["loc"] == "peft.lora_rank"
 
 
-def test_manifest_is_refused_until_every_blob_is_in_the_store(api, services, model_dir, tmp_path):
+def test_manifest_is_refused_until_its_signatures_are_warmed_and_a_partial_one_only_when_asked(
+    api, services, model_dir, tmp_path
+):
     spec, tc = spec_body(model_dir, max_tokens=100, max_length=128), cpu_toolchain()
     job = api.post("/v1/warmups", json={"spec": spec, "toolchain": tc.model_dump()}).json()
     assert job["counts"]["queued"] >= 2

@@ -11,7 +11,7 @@ from warmup.cli import doctor, main
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_this_environment_is_in_range_and_says_which_stack_it_is(capsys):
+def test_this_environment_is_in_range_and_the_report_lists_its_features_and_cuda(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     torch_line = next(line for line in out.splitlines() if line.strip().startswith("torch "))
@@ -104,7 +104,7 @@ def test_an_environment_that_is_a_tested_stack_gets_that_stacks_last_run():
     assert doctor.this_stacks_runs(found, stacks) == {}
 
 
-def test_a_checkpointed_model_using_hub_kernels_keeps_its_trace_where_kernels_and_torch_hold_the_seams():
+def test_the_doctor_lists_checkpointed_hub_kernels_as_on_only_where_kernels_is_installed():
     import importlib.util
 
     off = doctor.features()

@@ -20,7 +20,9 @@ from warmup.worker.loop import Worker, WorkerOptions
 
 
 @pytest.mark.parametrize(("permanent", "state"), [(True, "failed"), (False, "queued")])
-def test_a_shape_the_spec_does_not_produce_is_not_retried(sqlite_url: str, tmp_path: Path, permanent, state):
+def test_a_shape_the_spec_does_not_produce_is_not_retried_and_a_crash_is(
+    sqlite_url: str, tmp_path: Path, permanent, state
+):
     engine = make_engine(sqlite_url)
     queue = TaskQueue(engine)
     toolchain = factories.toolchain()
