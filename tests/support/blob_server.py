@@ -22,6 +22,7 @@ class FlakyServer:
         self.corrupt: set[str] = set()
         self.requests: dict[str, int] = {}
         self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []  # each request's path, in the order of `headers`
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -30,6 +31,7 @@ class FlakyServer:
             def do_GET(self) -> None:
                 sha = self.path.rsplit("/", 1)[-1]
                 server.headers.append(dict(self.headers))
+                server.paths.append(self.path)
                 seen = server.requests[sha] = server.requests.get(sha, 0) + 1
                 body = server.blobs.get(sha)
                 if body is None:

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from warmup.artifacts import MANIFEST_NAME, ArtifactFile
-from warmup.backends.base import FreshCompiles, recompile_limits
+from warmup.backends.base import (
+    DYNAMO_ACCUMULATED_RECOMPILE_LIMIT,
+    DYNAMO_RECOMPILE_LIMIT,
+    FreshCompiles,
+    recompile_limits,
+)
 from warmup.backends.inductor import InductorBackend
 from warmup.backends.neuron import NeuronBackend
 from warmup.backends.registry import get_backend
@@ -38,6 +43,16 @@ def test_recompile_limits_grow_with_the_plan_and_never_drop_below_dynamo_default
     assert recompile_limits(1) == (9, 256)
     limit, accumulated = recompile_limits(40)
     assert limit >= 40 and accumulated >= 16 * limit
+    previous = (0, 0)
+    for plan_size in range(
+        0, 300
+    ):  # every size: at least Dynamo's defaults, and never less than a smaller plan
+        limits = recompile_limits(plan_size)
+        assert limits[0] >= DYNAMO_RECOMPILE_LIMIT and limits[1] >= DYNAMO_ACCUMULATED_RECOMPILE_LIMIT, (
+            plan_size
+        )
+        assert limits[0] >= previous[0] and limits[1] >= previous[1], plan_size
+        previous = limits
 
 
 def test_inductor_env_points_at_the_cache_and_tags_isa_and_threads(tmp_path):

@@ -75,6 +75,12 @@ def test_the_token_goes_to_the_service_and_never_to_a_presigned_url(server, tmp_
     install(manifest_of([presigned, routed]), tmp_path, source, parallel=1)
     sent = {h.get("Authorization") for h in server.headers}
     assert sent == {None, "Bearer wu_secret"} and len(server.headers) == 2
+    # which request carried it: the service's route, not the presigned URL
+    by_path = {path: h.get("Authorization") for path, h in zip(server.paths, server.headers, strict=True)}
+    assert by_path == {
+        f"/presigned/{presigned.sha256}": None,
+        f"/v1/blobs/{routed.sha256}": "Bearer wu_secret",
+    }
 
 
 def test_the_api_client_follows_no_redirect_so_its_token_stays_with_the_service(server):

@@ -168,6 +168,19 @@ def test_a_plan_that_compiles_nothing_needs_no_rehearsal_whatever_the_trainer():
         pad_to_multiple_of=None,
     )
     assert plan.units == [] and len(plan.nothing_to_compile) == 1
+    for trainer in (
+        "sft",
+        "dpo",
+        "kto",
+        "reward",
+        "grpo",
+        "rloo",
+        "orpo",
+    ):  # orpo: its rehearsal is not written
+        eager = plan_units(
+            trainer, [sig("train", 2, 32, trainer=trainer, compile="eager")], pad_to_multiple_of=None
+        )
+        assert eager.units == [] and len(eager.nothing_to_compile) == 1, trainer
 
 
 def test_kto_steps_pair_each_main_width_with_a_kl_width_and_carry_the_references():

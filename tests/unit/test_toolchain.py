@@ -99,6 +99,21 @@ def test_key_is_stable_and_changes_with_any_field():
     assert _toolchain().key() == _toolchain().key()
     assert _toolchain().key() != _toolchain(num_threads=4).key()
     assert _toolchain().key() != _toolchain(env={"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}).key()
+    # each field of the model, changed alone (a value of its own type), changes the key
+    base = _toolchain()
+    other = {
+        "backend": "neuron",
+        "device": "cuda",
+        "num_threads": 99,
+        "neuron_lnc": 2,
+        "cpu_target": ("-march=other",),
+        "kernel_paths": ("-I/other",),
+        "source_dirs": ("/other",),
+        "env": {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"},
+    }
+    for field in Toolchain.model_fields:
+        changed = base.model_copy(update={field: other.get(field, f"{getattr(base, field)}-other")})
+        assert changed.key() != base.key(), field
 
 
 def test_diff_names_each_differing_field_with_both_values():

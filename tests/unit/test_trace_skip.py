@@ -333,6 +333,12 @@ def test_a_checkpointed_job_using_hub_kernels_is_said_to_keep_no_trace_only_wher
         "torch cannot trace a change of state inside non-reentrant gradient checkpointing (use_reentrant: false) "
         "as one graph (HOP: Unsafe side effect): kernels sets a context variable there (torch 9: it is gone)"
     )
+    # the other seam: kernels' own, with torch's holding
+    monkeypatch.setattr(compat_kernels, "check", lambda: ["kernels 9: it is gone"])
+    monkeypatch.setattr(compat_torch, "checkpoint_side_effects_problem", lambda: None)
+    assert (losses.hub_kernels_checkpoint_loss() or "").endswith(
+        ": kernels sets a context variable there (kernels 9: it is gone)"
+    )
 
 
 def test_a_recorder_names_why_a_compiled_model_kept_no_trace():
