@@ -75,7 +75,9 @@ def test_a_run_whose_train_raises_still_reports_what_it_met(
     assert report["details"]["shapes"] == {"train 2x32": {"step": 0, "compiled": False}}
 
 
-def test_a_server_that_is_down_never_fails_training(spec_path, user_weights_dir, tmp_path):
+def test_a_server_refusing_connections_does_not_fail_training_and_the_report_is_kept_on_disk(
+    spec_path, user_weights_dir, tmp_path
+):
     done = train(spec_path, "http://127.0.0.1:9", user_weights_dir, tmp_path / "out.json")
     assert done.returncode == 0, done.stderr[-4000:]
     assert "the report could not be posted to http://127.0.0.1:9" in done.stderr

@@ -139,7 +139,7 @@ print(len(errors), sorted(set(errors))[:3])
 """
 
 
-def test_concurrent_plans_in_a_cold_process_resolve_every_trl_config_class():
+def test_concurrent_config_class_lookups_in_a_cold_process_resolve_every_trl_config_class():
     """The API plans requests in threads; on a fresh process TRL's lazy package gave "module 'trl' has
     no attribute 'SFTConfig'" (a 500) to some of the concurrent requests."""
     done = subprocess.run(

