@@ -87,8 +87,9 @@ def test_on_inductor_the_planners_eager_passes_get_no_run(tiny_model_dir):
 
 def test_the_planners_eager_label_is_respected_on_any_backend():
     eager = sig("train", 2, 32, compile="eager")
-    plan = plan_units("sft", [eager], backend="neuron", pad_to_multiple_of=128)
-    assert plan.units == [] and eager.key() in plan.nothing_to_compile
+    for backend in ("neuron", "inductor"):
+        plan = plan_units("sft", [eager], backend=backend, pad_to_multiple_of=128)
+        assert plan.units == [] and eager.key() in plan.nothing_to_compile, backend
 
 
 def test_on_neuron_generation_rides_with_the_step_that_uses_its_prompt_width():
