@@ -306,16 +306,16 @@ def test_where_torch_lacks_the_setting_a_backbone_using_hub_kernels_is_traced_wi
 ):
     from warmup._compat import kernels as compat_kernels
     from warmup._compat import torch as compat_torch
-    from warmup.errors import IncompatibleLibraryError
-
-    def gone() -> None:
-        raise IncompatibleLibraryError("torch 9: skip_fwd_side_effects_in_bwd_under_checkpoint is gone")
 
     monkeypatch.setattr(compat_kernels, "TARGETS", ())
-    monkeypatch.setattr(compat_torch, "checkpoint_side_effects_once", gone)
+    monkeypatch.setattr(
+        compat_torch,
+        "checkpoint_side_effects_problem",
+        lambda: "torch 9: skip_fwd_side_effects_in_bwd_under_checkpoint is gone",
+    )
     with caplog.at_level(logging.WARNING):
         assert split.traced_under(_KernelizedLayer(kernelized=True)) is contextlib.nullcontext
-    assert "a checkpointed model using hub kernels keeps no trace" in caplog.text
+    assert "is gone; a checkpointed model using hub kernels keeps no trace" in caplog.text
 
 
 def test_a_checkpointed_job_using_hub_kernels_is_said_to_keep_no_trace_only_where_a_seam_fails(monkeypatch):

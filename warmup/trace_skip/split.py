@@ -179,9 +179,12 @@ def traced_under(backbone: Any) -> Callable[[], contextlib.AbstractContextManage
     try:
         if not compat_kernels.sets_context_in_layers(backbone):
             return contextlib.nullcontext
-        compat_torch.checkpoint_side_effects_once()  # the setting exists here (the same torch in both processes)
     except IncompatibleLibraryError as error:
         log.warning("trace skip: %s; a checkpointed model using hub kernels keeps no trace", error)
+        return contextlib.nullcontext
+    problem = compat_torch.checkpoint_side_effects_problem()  # the same torch in both processes
+    if problem is not None:
+        log.warning("trace skip: %s; a checkpointed model using hub kernels keeps no trace", problem)
         return contextlib.nullcontext
     return compat_torch.checkpoint_side_effects_once
 
