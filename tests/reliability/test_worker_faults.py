@@ -58,6 +58,9 @@ class Setup:
     store_url: str
     faults: Path  # markers and "go" files shared with the hooks
     logs: Path
+    # The workers' temporary directory, where their task folders go: this test's own, so that a worker another
+    # test starts meanwhile (the suite runs in parallel) never takes a killed worker's abandoned folder first
+    work: Path
     spec: Spec
     job_id: object
     toolchain: Keyed
@@ -91,6 +94,7 @@ def setup(pg_url: str, tmp_path: Path, tiny_model_dir: Path) -> Iterator[Callabl
         assert len(job.enqueued) == len(signatures)
         (tmp_path / "faults").mkdir()
         (tmp_path / "logs").mkdir()
+        (tmp_path / "work").mkdir()
         return Setup(
             engine=engine,
             store=LocalBlobStore(tmp_path / "store"),
@@ -98,6 +102,7 @@ def setup(pg_url: str, tmp_path: Path, tiny_model_dir: Path) -> Iterator[Callabl
             store_url=str(tmp_path / "store"),
             faults=tmp_path / "faults",
             logs=tmp_path / "logs",
+            work=tmp_path / "work",
             spec=spec,
             job_id=job.job_id,
             toolchain=toolchain,
@@ -137,6 +142,7 @@ class WorkerProcess:
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join([str(HOOKS), os.environ.get("PYTHONPATH", "")]),
             "WARMUP_FAULT_DIR": str(s.faults),
+            "TMPDIR": str(s.work),
             **faults,
         }
         command = [sys.executable, "-m", "warmup", "worker", "--database-url", s.db_url]
