@@ -15,7 +15,7 @@ import torch
 
 from warmup._compat import torch as compat_torch
 from warmup.errors import IncompatibleLibraryError
-from warmup.trace_skip import artifacts, capture, serve, split
+from warmup.trace_skip import artifacts, capture, losses, serve, split
 
 
 class _Backbone(torch.nn.Module):
@@ -181,6 +181,17 @@ def test_with_the_trace_skip_off_a_compiled_model_still_traces_only_its_backbone
     # the warm-up's graph: the backbone on its own (here its stand-in), the rest of the forward eager
     assert (state.hits, state.misses) == (0, 1) and len(own_compiles) == 2 and own_compiles[1] == (x,)
     assert _frames() == frames
+
+
+def test_zero_one_and_two_keep_their_trace_as_ddp_does_and_zero_three_says_why_not(monkeypatch):
+    for mode in ("zero0", "zero1", "zero2"):
+        assert losses.predicted_loss(world_size=3, sharding=mode) is None, mode
+    zero3 = losses.predicted_loss(world_size=3, sharding="zero3") or ""
+    assert zero3.startswith("zero3 shards the parameters"), zero3
+    monkeypatch.setattr(capture, "unavailable_reason", lambda: None)
+    recorder = capture.start_recording(2, "zero2")
+    split.remove_hook(recorder.wrap)
+    assert recorder.off is None and not recorder.job_off
 
 
 def test_exec_enables_the_trace_skip_at_the_first_compile_of_either_kind_once(tmp_path, monkeypatch):
