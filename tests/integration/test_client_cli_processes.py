@@ -99,3 +99,36 @@ def test_the_sitecustomize_puts_the_canonical_kernel_layout_into_inductor_when_e
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == expected, done.stderr
+
+
+def test_the_sitecustomize_splits_a_model_compiled_in_place_whose_compile_first_imports_dynamo(tmp_path):
+    """DeepSpeed's engine compiles the model in place (`nn.Module.compile`), and that compile is what first imports
+    Dynamo: the hook on it is installed as torch is imported, so the trace skip still splits that model."""
+    (tmp_path / "trace").mkdir()
+    (tmp_path / "trace" / "split.json").write_text("{}")
+    code = (
+        "import sys, torch\n"
+        "dynamo_before = 'torch._dynamo.eval_frame' in sys.modules\n"
+        "class Backbone(torch.nn.Linear):\n"
+        "    base_model = property(lambda self: self)\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.model = Backbone(2, 2)\n"
+        "    base_model = property(lambda self: self.model)\n"
+        "    def forward(self, x):\n"
+        "        return self.model(x)\n"
+        "model = Model()\n"
+        "model.compile(backend='eager')\n"
+        "from warmup.trace_skip.serve import active\n"
+        "print(dynamo_before, active() is not None, 'forward' in vars(model.model))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(DIRECTORY), os.environ.get("PYTHONPATH", "")]),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path),
+        "WARMUP_SPEC": str(tmp_path / "job.yaml"),
+    }
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[:3] == ["False", "True", "True"], (done.stdout, done.stderr)

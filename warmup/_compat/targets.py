@@ -28,14 +28,14 @@ def resolve(library: str, checked_on: tuple[str, ...], target: Target) -> Any:
         for part in target.attribute.split(".") if target.attribute else ():
             found = getattr(found, part)
     except (ImportError, AttributeError) as error:
-        raise _incompatible(library, checked_on, target, f"is gone ({error})") from None
+        raise incompatible(library, checked_on, target, f"is gone ({error})") from None
     if target.parameters:
         try:
             names = tuple(inspect.signature(found).parameters)
         except (TypeError, ValueError):
             names = ()
         if names[: len(target.parameters)] != target.parameters:
-            raise _incompatible(
+            raise incompatible(
                 library,
                 checked_on,
                 target,
@@ -55,9 +55,11 @@ def check(library: str, checked_on: tuple[str, ...], targets: tuple[Target, ...]
     return problems
 
 
-def _incompatible(
+def incompatible(
     library: str, checked_on: tuple[str, ...], target: Target, what: str
 ) -> IncompatibleLibraryError:
+    """The error for a target that does not hold as the seam needs it: `what` says how (its name's module and
+    attribute first)."""
     name = target.module + (f".{target.attribute}" if target.attribute else "")
     try:
         installed = metadata.version(library)

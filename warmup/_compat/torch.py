@@ -1,7 +1,8 @@
 """torch's private names, in one place: Inductor's code cache and C++ build, its CPU ISA probes, the
 compile caches' switches, Dynamo's recompile limits, miss counters and compile-start callbacks, and what the
-trace skip reaches (warmup/trace_skip/): the hook on every compiled module, the compiled module's backend and
-shape policy, a module's hooks, Dynamo's compile of one function and its setting for a change of state under
+trace skip reaches (warmup/trace_skip/): the hooks on every compiled module (an OptimizedModule, or a module
+compiled in place by `nn.Module.compile`), the compiled module's backend and shape policy and its compiled call,
+a module's hooks, Dynamo's compile of one function and its setting for a change of state under
 gradient checkpointing, `aot_compile` and its guards' filter.
 
 Written against torch 2.13.0; checked on torch 2.13.0 and 2.14.1 (`CHECKED_ON`). Each function names the
@@ -74,7 +75,11 @@ _GLOBAL_MODULE_HOOKS = (
 # What the trace skip reaches: where one does not hold, the trace skip is off (`trace_skip_problem`).
 TRACE_SKIP_TARGETS = (
     Target(_EVAL_FRAME, "OptimizedModule._initialize", "on_compiled_module", ("self",)),
+    Target(_MODULE, "Module.compile", "on_module_compiled_in_place", ("self",)),
     Target(_EVAL_FRAME, "innermost_backend", "compiled_module_parts", ("fn",)),
+    Target(_EVAL_FRAME, "_TorchDynamoContext.__call__", "compiled_module_parts", ("self", "fn")),
+    Target(_MODULE, "Module._compiled_call_impl", "compiled_module_parts"),
+    Target(_MODULE, "Module._call_impl", "run_compiled_call", ("self",)),
     Target("torch._dynamo", "optimize", "dynamo_compiled"),
     Target(_AOT, "AOTCompiledFunction._extra_globals", "aot_compile"),
     Target(_AOT, "AOTCompiledFunction.disable_guard_check", "load_aot_compiled", ("self",)),
@@ -287,14 +292,17 @@ def trace_skip_problem() -> str | None:
 
 
 _COMPILED_MODULE_HOOKS: list[Callable[[Any], None]] = []
+_IN_PLACE_HOOKS: list[Callable[[Any], None]] = []
 
 
 def on_compiled_module(hook: Callable[[Any], None]) -> None:
-    """Run `hook` on every OptimizedModule made from now on (accelerate wraps the model in torch.compile
-    while the trainer is built), once torch has set it up: its `_initialize` is wrapped, once."""
+    """Run `hook` (once, however often it is given) on every OptimizedModule made from now on (accelerate wraps
+    the model in torch.compile while the trainer is built), once torch has set it up: its `_initialize` is
+    wrapped, once."""
     _get(_EVAL_FRAME, "OptimizedModule._initialize")
     optimized_module = importlib.import_module(_EVAL_FRAME).OptimizedModule
-    _COMPILED_MODULE_HOOKS.append(hook)
+    if hook not in _COMPILED_MODULE_HOOKS:
+        _COMPILED_MODULE_HOOKS.append(hook)
     if getattr(optimized_module._initialize, "_warmup_hooks", None) is not None:
         return
     original = optimized_module._initialize
@@ -308,18 +316,83 @@ def on_compiled_module(hook: Callable[[Any], None]) -> None:
     optimized_module._initialize = _initialize
 
 
+def on_module_compiled_in_place(hook: Callable[[Any], None]) -> None:
+    """Run `hook` (once, however often it is given) on every module compiled in place from now on
+    (`nn.Module.compile`, which DeepSpeed's engine calls on the model it wraps: torch.compile of the module's
+    `_call_impl`, kept as its `_compiled_call_impl`, which its `__call__` runs; no OptimizedModule is made), once
+    torch has set that compiled call: `Module.compile` is wrapped, once (a subclass that overrides it and calls it
+    reaches the wrapper too). Imports no Dynamo."""
+    _get(_MODULE, "Module.compile")
+    module_class = importlib.import_module(_MODULE).Module
+    if hook not in _IN_PLACE_HOOKS:
+        _IN_PLACE_HOOKS.append(hook)
+    if getattr(module_class.compile, "_warmup_hooks", None) is not None:
+        return
+    original = module_class.compile
+
+    @functools.wraps(original)
+    def compile(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        for each in list(_IN_PLACE_HOOKS):
+            each(self)
+
+    compile._warmup_hooks = _IN_PLACE_HOOKS  # type: ignore[attr-defined]
+    module_class.compile = compile
+
+
 def remove_compiled_module_hook(hook: Callable[[Any], None]) -> None:
-    """Stop running `hook` on new compiled modules."""
-    if hook in _COMPILED_MODULE_HOOKS:
-        _COMPILED_MODULE_HOOKS.remove(hook)
+    """Stop running `hook` on new compiled modules, of either kind."""
+    for hooks in (_COMPILED_MODULE_HOOKS, _IN_PLACE_HOOKS):
+        if hook in hooks:
+            hooks.remove(hook)
 
 
-def compiled_module_parts(optimized: Any) -> tuple[Any, Any, bool | None]:
-    """What torch.compile wrapped in an OptimizedModule: the module, the backend (the innermost, as given to
-    torch.compile) and the shape policy (`dynamic`)."""
+def _is_optimized_module(compiled: Any) -> bool:
+    optimized_module = importlib.import_module(_EVAL_FRAME).OptimizedModule
+    return isinstance(compiled, optimized_module)
+
+
+def compiled_module_parts(compiled: Any) -> tuple[Any, Any, bool | None]:
+    """What torch.compile compiled: the module, the backend (the innermost, as given to torch.compile) and the
+    shape policy (`dynamic`), of an OptimizedModule (its `dynamo_ctx`) or of a module compiled in place (the
+    Dynamo context that made its `_compiled_call_impl`, which torch's compiled function keeps in its closure
+    as `self`: `_TorchDynamoContext.__call__`)."""
     innermost_backend = _get(_EVAL_FRAME, "innermost_backend")
-    context = optimized.dynamo_ctx
-    return optimized._orig_mod, innermost_backend(context.callback), context._dynamic
+    if _is_optimized_module(compiled):
+        context = compiled.dynamo_ctx
+        return compiled._orig_mod, innermost_backend(context.callback), context._dynamic
+    _get(_MODULE, "Module._compiled_call_impl")
+    context = _dynamo_context(compiled._compiled_call_impl)
+    return compiled, innermost_backend(context.callback), context._dynamic
+
+
+def _dynamo_context(fn: Any) -> Any:
+    """The Dynamo context a compiled function was made by (the `self` of `_TorchDynamoContext.__call__`, in the
+    function's closure); IncompatibleLibraryError naming `compiled_module_parts` where torch keeps it no more."""
+    target = _BY_FUNCTION[(_EVAL_FRAME, "_TorchDynamoContext.__call__")]
+    _get(_EVAL_FRAME, "_TorchDynamoContext.__call__")
+    context_class = importlib.import_module(_EVAL_FRAME)._TorchDynamoContext
+    code = getattr(fn, "__code__", None)
+    cells = dict(zip(getattr(code, "co_freevars", ()), getattr(fn, "__closure__", None) or (), strict=False))
+    cell = cells.get("self")
+    context = cell.cell_contents if cell is not None else None
+    if not isinstance(context, context_class):
+        what = "no longer keeps its Dynamo context in the compiled function's closure as `self`"
+        raise targets.incompatible(LIBRARY, CHECKED_ON, target, what)
+    return context
+
+
+def run_compiled_call(compiled: Any, call: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Have calls of what torch.compile compiled run `call(eager)` instead of Dynamo, where `eager` calls the
+    module as it is without torch.compile: an OptimizedModule's `forward` (what its call runs) becomes it,
+    `eager` calling the module it wraps; a module compiled in place gets it as its `_compiled_call_impl`,
+    `eager` being its `_call_impl` (its hooks, then its forward)."""
+    if _is_optimized_module(compiled):
+        compiled.forward = call(compiled._orig_mod)
+        return
+    _get(_MODULE, "Module._call_impl")
+    _get(_MODULE, "Module._compiled_call_impl")
+    compiled._compiled_call_impl = call(compiled._call_impl)
 
 
 def has_hooks(module: Any) -> bool:

@@ -9,9 +9,10 @@ without tracing (docs/compile-caches.md, "Skipping the trace", says why this mec
 
 `aot_compile` needs one graph without breaks, and TRL's forwards break: its fused LM head is an
 `autograd.Function` Dynamo cannot trace. The backbone (`model.base_model`, the decoder stack: nearly
-all of the compute and of the trace) has no break. So when accelerate wraps a model in `torch.compile`,
-the backbone is compiled on its own (one graph, with the job's backend, mode and shape policy) and, in a
-warmed process, runs its loaded artifact; the rest of the forward (the LM head, already outside any graph
+all of the compute and of the trace) has no break. So when accelerate wraps a model in `torch.compile` (or
+DeepSpeed's engine compiles it in place, `nn.Module.compile`: one split for both), the backbone is compiled
+on its own (one graph, with the job's backend, mode and shape policy) and, in a warmed process, runs its
+loaded artifact; the rest of the forward (the LM head, already outside any graph
 in TRL's fused path, and the loss) runs eagerly around it, so that a warmed process traces nothing. The
 rehearsal and the training process split the same way (the rehearsal leaves `trace/split.json` to say
 so), so the graphs and their cache keys are the same in both. A PEFT model splits at the backbone of the model it
@@ -24,8 +25,8 @@ the entry, the store, pull and relocation carry them as any other), and keeps it
 its outputs and gradients on the rehearsal batch equal a fresh compile's (bit for bit on CPU, where both
 run their kernels on one thread for the check, so that every sum is taken in one order; `compare`). In a DDP
 job of several processes (the split reaches through DDP to the model it replicates) every rank records; rank 0
-makes the artifacts, and every other rank checks each on its own call before any is kept. A sharded job (FSDP,
-ZeRO) keeps none (`losses.predicted_loss`).
+makes the artifacts, and every other rank checks each on its own call before any is kept; so in a ZeRO-1/2 job,
+whose parameters stay whole. A parameter-sharded job (FSDP, ZeRO-3) keeps none (`losses.predicted_loss`).
 
 A training process (`enable`, from `warmup.activate` or the sitecustomize of `warmup exec`) loads the
 artifacts made for the backbone's class and config when accelerate compiles the model; each call runs

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from warmup._compat import torch as compat_torch
+from warmup.errors import IncompatibleLibraryError
 from warmup.trace_skip.artifacts import (
     FORMAT,
     OFF_MARKER,
@@ -72,9 +73,17 @@ class Recorder:
         # `off` is the job's own reason (not this process's switch or torch): the cache keeps it for training
         self.job_off = job_off
 
-    def wrap(self, optimized: Any) -> None:
+    def wrap(self, compiled: Any) -> None:
         self.models += 1
-        if self.off is None and split_backbone(optimized, self.serve) is not None:
+        if self.off is not None:
+            return
+        try:
+            split = split_backbone(compiled, self.serve)
+        except IncompatibleLibraryError as error:  # this torch lacks what the split reaches: nothing split
+            self.off = str(error)
+            log.warning("trace skip: not captured (%s); the entry holds today's caches only", error)
+            return
+        if split is not None:
             self.splits += 1
 
     def lost(self) -> str | None:

@@ -24,23 +24,22 @@ FSDP1_WRAPPER = (
     "{mode} runs each wrapped layer through FullyShardedDataParallel's own forward, whatever its sharding strategy, "
     "and does not run on CPU, where the trace skip is measured: not captured"
 )
-UNMEASURED_WRAPPER = (
-    "{mode} keeps whole parameters as DDP does, but its engine wraps the model in a way the trace skip was not "
-    "measured with (it is captured and served for DDP jobs only)"
-)
 
 
 def predicted_loss(*, world_size: int, sharding: str | None = None) -> str | None:
     """Why a job keeps no trace, as far as its spec tells (`warmup plan`; the warm-up says it for certain).
     `sharding`: the signature's (`warmup.planner.sharding.sharding_label`). A DDP job keeps it: every rank runs
-    the same backbone graph, and one rank's artifacts are checked on every rank before any is kept."""
+    the same backbone graph, and one rank's artifacts are checked on every rank before any is kept. So does a
+    DeepSpeed job under ZeRO-1 or ZeRO-2 (and stage 0): parameters stay whole on every rank, gradients are
+    reduced in parameter hooks outside any graph, and the engine compiles the model in place
+    (`nn.Module.compile`), which the split hooks as it hooks torch.compile's wrapper."""
     if world_size == 1 or sharding is None:
         return None
     if sharding.startswith("fsdp2") or sharding == "zero3":
         return SHARDED_PARAMETERS.format(mode=sharding)
     if sharding.startswith("fsdp"):
         return FSDP1_WRAPPER.format(mode=sharding)
-    return UNMEASURED_WRAPPER.format(mode=sharding)
+    return None
 
 
 LOCAL_SCOPE = "defined in local scope"

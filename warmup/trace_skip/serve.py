@@ -32,6 +32,7 @@ from warmup.trace_skip.split import (
     Split,
     is_plain,
     on_compiled_module,
+    on_module_compiled_in_place,
     remove_hook,
     split_backbone,
     unavailable_reason,
@@ -74,12 +75,12 @@ class TraceSkip:
             text += "; traced: " + ", ".join(f"{n} {why}" for why, n in sorted(self.traced_because.items()))
         return text
 
-    def wrap(self, optimized: Any) -> None:
+    def wrap(self, compiled: Any) -> None:
         """Split a freshly compiled model's backbone as the rehearsal did, and load the artifacts made for
         its class and config (before the first forward; none when the trace skip is off: then every call
         goes to the backbone compiled on its own, the graph the rehearsal compiled)."""
         try:
-            split = split_backbone(optimized, self.serve)
+            split = split_backbone(compiled, self.serve)
         except IncompatibleLibraryError as error:  # this torch lacks what the split reaches: nothing to split
             self.off = str(error)
             log.warning("trace skip off: %s", error)
@@ -214,22 +215,48 @@ def _warmed_off(cache: Path) -> str:
     return ""
 
 
-def enable_when_compiled(cache_dir: str | os.PathLike[str], at_exit: Callable[[], None]) -> None:
-    """For `warmup exec`'s processes (its sitecustomize): `enable` at the first torch.compile of a model,
-    once the cache the command starts beside has finished downloading; then `at_exit` is run at exit (where
-    the compile time went: warmup/pod/callback/timings.py)."""
+class _FirstCompile:
+    """`enable_when_compiled`'s hook: the first model compiled, of either kind, enables the trace skip once the
+    cache is whole and is split by it; then `at_exit` is registered. Runs once, however many times it is hooked."""
 
-    def first(optimized: Any) -> None:
+    def __init__(self, cache_dir: str | os.PathLike[str], at_exit: Callable[[], None]) -> None:
+        self.cache_dir, self.at_exit, self.done = cache_dir, at_exit, False
+
+    def __call__(self, compiled: Any) -> None:
         from warmup.client.background import wait_for_pull
 
-        remove_hook(first)
+        remove_hook(self)
+        if self.done:
+            return
+        self.done = True
         wait_for_pull()
-        state = enable(cache_dir)
+        state = enable(self.cache_dir)
         if state in _ACTIVE:  # split as the warm-up did (artifacts or not)
-            state.wrap(optimized)
-        atexit.register(at_exit)
+            state.wrap(compiled)
+        atexit.register(self.at_exit)
 
-    on_compiled_module(first)
+
+_FIRST: list[_FirstCompile] = []
+
+
+def enable_when_compiled(
+    cache_dir: str | os.PathLike[str], at_exit: Callable[[], None], *, in_place_only: bool = False
+) -> None:
+    """For `warmup exec`'s processes (its sitecustomize): `enable` at the first torch.compile of a model,
+    once the cache the command starts beside has finished downloading; then `at_exit` is run at exit (where
+    the compile time went: warmup/pod/callback/timings.py). `in_place_only`: hook only the modules compiled in
+    place (`nn.Module.compile`), which needs no Dynamo: the sitecustomize hooks those as torch is imported, since
+    that compile (DeepSpeed's engine's) is what imports Dynamo, too late for a hook installed then; and the
+    OptimizedModules as Dynamo is imported. The first compile of either kind is the one."""
+    if not _FIRST:
+        _FIRST.append(_FirstCompile(cache_dir, at_exit))
+    first = _FIRST[0]
+    if first.done:
+        return
+    if in_place_only:
+        on_module_compiled_in_place(first)
+    else:
+        on_compiled_module(first)
 
 
 def active() -> TraceSkip | None:

@@ -100,13 +100,15 @@ class Split:
 Serve = Callable[[Split, tuple[Any, ...], dict[str, Any]], Any]
 
 
-def split_backbone(optimized: Any, serve: Serve) -> Split | None:
+def split_backbone(compiled: Any, serve: Serve) -> Split | None:
     """Make the backbone of the model accelerate just compiled a call Dynamo does not trace into: `serve`
     runs it (from an artifact, or recording the call), falling back to the backbone compiled on its own by
-    Dynamo with the model's backend, mode and shape policy."""
+    Dynamo with the model's backend, mode and shape policy. `compiled`: an OptimizedModule (torch.compile of
+    the model, or of DDP around it) or a module compiled in place (`nn.Module.compile`: DeepSpeed's engine
+    compiles the model so under ZeRO-1/2); one split for both."""
     import torch
 
-    model, backend, dynamic = compat_torch.compiled_module_parts(optimized)
+    model, backend, dynamic = compat_torch.compiled_module_parts(compiled)
     adapted, adapters = adapted_model(replicated_module(model))
     backbone = backbone_of(adapted)
     if backbone is None:
@@ -114,22 +116,26 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
     _saveable_hub_kernels(backbone)
     tracing = traced_under(backbone)
     eager = backbone.forward
-    compiled = compat_torch.dynamo_compiled(eager, backend=backend, dynamic=dynamic)
+    compiled_backbone = compat_torch.dynamo_compiled(eager, backend=backend, dynamic=dynamic)
     if tracing is not contextlib.nullcontext:
-        compiled = _traced_under(tracing, compiled)
-    split = Split(backbone, backend, dynamic, compiled, config_digest(backbone, adapters), tracing)
+        compiled_backbone = _traced_under(tracing, compiled_backbone)
+    split = Split(backbone, backend, dynamic, compiled_backbone, config_digest(backbone, adapters), tracing)
     # The compiled model's call runs its forward eagerly around the backbone: what is left (TRL's LM head,
     # whose autograd.Function Dynamo cannot trace, and the loss) is a few small ops, and tracing them is
     # what a warmed process would otherwise still pay for on every shape. Calls of the bare model (TRL's
-    # generation) run the backbone eagerly, as they did.
+    # generation, under an OptimizedModule) run the backbone eagerly, as they did; a module compiled in place
+    # has no bare model: every call of it is the compiled model's.
     inside = [0]
 
-    def compiled_model(*args: Any, **kwargs: Any) -> Any:
-        inside[0] += 1
-        try:
-            return model(*args, **kwargs)
-        finally:
-            inside[0] -= 1
+    def around(model_call: Callable[..., Any]) -> Callable[..., Any]:
+        def compiled_model(*args: Any, **kwargs: Any) -> Any:
+            inside[0] += 1
+            try:
+                return model_call(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+
+        return compiled_model
 
     # A PEFT model's backbone gets its input embeddings, not its token ids: under gradient checkpointing its
     # embedding's hook (transformers' enable_input_require_grads) calls `requires_grad_()` on the frozen
@@ -154,7 +160,7 @@ def split_backbone(optimized: Any, serve: Serve) -> Split | None:
             }
         return serve(split, args, kwargs)
 
-    optimized.forward = compiled_model
+    compat_torch.run_compiled_call(compiled, around)
     backbone.forward = forward
     return split
 
@@ -200,8 +206,16 @@ def _traced_under(
 
 
 def on_compiled_module(hook: Callable[[Any], None]) -> None:
-    """Run `hook` on every OptimizedModule made from now on, once torch has set it up."""
+    """Run `hook` on every model torch.compile compiles from now on, once torch has set it up: an
+    OptimizedModule (accelerate's torch.compile, DDP's wrapper among them) or a module compiled in place
+    (`nn.Module.compile`, which DeepSpeed's engine calls)."""
     compat_torch.on_compiled_module(hook)
+    compat_torch.on_module_compiled_in_place(hook)
+
+
+def on_module_compiled_in_place(hook: Callable[[Any], None]) -> None:
+    """Run `hook` on every module compiled in place from now on (`nn.Module.compile`) only: no Dynamo imported."""
+    compat_torch.on_module_compiled_in_place(hook)
 
 
 def remove_hook(hook: Callable[[Any], None]) -> None:

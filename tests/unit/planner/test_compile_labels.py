@@ -180,4 +180,12 @@ def test_a_compiled_job_whose_warm_up_keeps_no_trace_is_warned_of(tiny_model_dir
     sharded = {"accelerate_config": "fsdp2", "use_cpu": True}
     (fsdp,) = warnings({**INDUCTOR, "world_size": 8}, args=sharded)
     assert fsdp.startswith("trace skip: fsdp2 shards the parameters") and "aot_compile" in fsdp, fsdp
+
+    # ZeRO-1/2 keep whole parameters: DeepSpeed's engine compiles the model in place, split and served as DDP's
+    def deepspeed(preset: str) -> list[str]:
+        return warnings({**INDUCTOR, "world_size": 8}, args={"accelerate_config": preset, "use_cpu": True})
+
+    assert deepspeed("zero1") == deepspeed("zero2") == []
+    (zero3,) = deepspeed("zero3")
+    assert zero3.startswith("trace skip: zero3 shards the parameters"), zero3
     assert warnings(INDUCTOR, peft={"lora_r": 8}, args={"torch_compile": False}) == []  # nothing traced

@@ -15,7 +15,8 @@ Dynamo's first compile wait for the download (warmup/client/background.py). Unde
 layout (WARMUP_KERNEL_LAYOUT) a fourth puts it into Inductor as its code cache is imported (warmup/layout.py):
 kernels keyed by the content of torch's and Python's installs, as the warm-up keyed them, and no
 precompiled header built unless a kernel is. When the cache holds trace artifacts, a fifth makes the models
-torch.compile wraps run them (warmup/trace_skip/), as `warmup.activate` does.
+torch.compile wraps run them (warmup/trace_skip/), as `warmup.activate` does, and a sixth, as torch is imported,
+the models compiled in place (DeepSpeed's engine).
 
 It then runs the `sitecustomize` that was next on the path, if any, so that an image's own
 customisation still runs. Standard library only as it is imported (the hooks reach torch and transformers
@@ -115,9 +116,19 @@ def _skip_warmed_traces(module: ModuleType) -> None:
     enable_when_compiled(os.environ["TORCHINDUCTOR_CACHE_DIR"], exit_line)
 
 
+def _skip_warmed_traces_in_place(module: ModuleType) -> None:
+    """The same for a model compiled in place (`nn.Module.compile`, DeepSpeed's engine's compile), hooked as soon
+    as torch is imported: that compile imports Dynamo itself, too late for the hook above to see it."""
+    from warmup.pod.callback.timings import exit_line
+    from warmup.trace_skip.serve import enable_when_compiled
+
+    enable_when_compiled(os.environ["TORCHINDUCTOR_CACHE_DIR"], exit_line, in_place_only=True)
+
+
 AFTER_IMPORT = {
     TARGET: _raise_limits,
     "torch._dynamo.eval_frame": _skip_warmed_traces,
+    "torch": _skip_warmed_traces_in_place,
     "transformers.trainer": _trainers,
     "torch._dynamo.callback": _wait_for_the_cache,
     "torch._inductor.codecache": _canonical_kernel_layout,
@@ -175,6 +186,8 @@ if os.environ.get("WARMUP_KERNEL_LAYOUT") == "1" and "torch._inductor.codecache"
 trace_skip = bool(os.environ.get("TORCHINDUCTOR_CACHE_DIR")) and "WARMUP_SPEC" in os.environ
 if trace_skip and "torch._dynamo.eval_frame" not in sys.modules:
     _hooked.add("torch._dynamo.eval_frame")
+if trace_skip and "torch" not in sys.modules:
+    _hooked.add("torch")
 # the strict callback, and the first step's time for the trace skip's exit line
 if (trace_skip or os.environ.get("WARMUP_STRICT") == "1") and "transformers.trainer" not in sys.modules:
     _hooked.add("transformers.trainer")
