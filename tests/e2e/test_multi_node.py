@@ -223,9 +223,14 @@ def assert_own_verified_copy(cluster: Cluster, dest_name: str, spec_key: str) ->
         assert installed.files and all((dest / f.path).is_file() for f in installed.files), node
 
 
-def by_hand(warm: Warm, name: str) -> tuple[Path, list[Path]]:
+# A node cut off from the service gives up after this many seconds of retries rather than the default minute
+# (WARMUP_RETRY_S, warmup/retry.py: how a CI job that would rather fail fast sets it); no route fails each try at once
+FAIL_FAST = {"WARMUP_RETRY_S": "5"}
+
+
+def by_hand(warm: Warm, name: str, env: dict[str, str] | None = None) -> tuple[Path, list[Path]]:
     """Both nodes' by-hand launches at once, over the node-local `by-hand` copies, reporting into `name`; the
-    rank-0 report's path and the nodes' logs."""
+    rank-0 report's path and the nodes' logs. `env`: added to the launches' environment."""
     out = warm.shared / name / "result.json"
     out.parent.mkdir()
     logs = [warm.shared / name / f"{node}.log" for node in ("node1", "node2")]
@@ -234,7 +239,8 @@ def by_hand(warm: Warm, name: str) -> tuple[Path, list[Path]]:
     for rank, (node, log) in enumerate(zip(("node1", "node2"), logs, strict=True)):
         with open(log, "wb") as sink:
             command = exec_on(warm, node, warm.cluster.local / "by-hand", rank, out)
-            processes.append(subprocess.Popen(command, env=warm.env, stdout=sink, stderr=subprocess.STDOUT))
+            launch_env = warm.env | (env or {})
+            processes.append(subprocess.Popen(command, env=launch_env, stdout=sink, stderr=subprocess.STDOUT))
     try:
         codes = [process.wait(timeout=900) for process in processes]
     finally:
@@ -310,7 +316,11 @@ def test_a_node_that_cannot_reach_the_service_ends_the_slurm_job_at_once(warm: W
     (submit_dir / "train.py").write_text(
         TRAIN_PY.format(pod_train=str(POD_TRAIN), weights=str(warm.weights), data=DATA)
     )
-    env = warm.env | {"NPROC_PER_NODE": str(NPROC_PER_NODE), "CACHE_DIR": str(warm.cluster.local / "cut-off")}
+    env = (
+        warm.env
+        | FAIL_FAST
+        | {"NPROC_PER_NODE": str(NPROC_PER_NODE), "CACHE_DIR": str(warm.cluster.local / "cut-off")}
+    )
     with warm.cluster.cut_off("node2", warm.cluster.host_address):
         started = time.monotonic()
         job = warm.cluster.sbatch(SLURM / "train.sbatch", "--nodes=2", "--time=5", env=env, cwd=submit_dir)
@@ -361,7 +371,7 @@ def test_a_node_cut_off_with_a_verified_copy_installed_trains_from_it(warm: Warm
     """By hand again, over the copies the first by-hand launch installed, node2 without a route to the service:
     it checks its copy and trains from it; node1 pulls as usual. Every rank still compiles nothing."""
     with warm.cluster.cut_off("node2", warm.cluster.host_address):
-        out, logs = by_hand(warm, "by-hand-cut-off")
+        out, logs = by_hand(warm, "by-hand-cut-off", FAIL_FAST)
     node2 = logs[1].read_text()
     assert "cannot reach" in node2 and "using the cache an earlier pull installed" in node2, node2[-3000:]
     print([line for line in node2.splitlines() if line.startswith("warning:")])
