@@ -45,6 +45,7 @@ from warmup.job.spec import Spec, load_spec
 from warmup.manifest import MANIFESTS_PREFIX, manifest_object_key
 from warmup.planner.planning import plan_spec
 from warmup.rehearsal.runner import SignatureResult
+from warmup.retry import RETRY_VARIABLE
 from warmup.settings import Settings
 from warmup.store import MiB, S3BlobStore, blob_key
 from warmup.toolchain.memo import remember_toolchain
@@ -482,8 +483,10 @@ def test_pod_pulls_through_a_store_failing_one_request_in_five(
 @pytest.mark.parametrize("via", ["api", "bucket"])
 @pytest.mark.parametrize("cache_dir", ["new", "used"])
 def test_pod_pull_with_the_store_unreachable_fails_cleanly_and_installs_nothing(
-    via, cache_dir, services, warmed, proxy, toolchain, tmp_path
+    via, cache_dir, services, warmed, proxy, toolchain, tmp_path, monkeypatch
 ):
+    # the downloads' retries give up after 5 s rather than the default minute (a CI job's setting)
+    monkeypatch.setenv(RETRY_VARIABLE, "5")
     dest = a_used_cache_dir(tmp_path / "cache") if cache_dir == "used" else tmp_path / "cache"
     before = snapshot(dest)
     proxy.go_down()
