@@ -301,19 +301,7 @@ def on_compiled_module(hook: Callable[[Any], None]) -> None:
     wrapped, once."""
     _get(_EVAL_FRAME, "OptimizedModule._initialize")
     optimized_module = importlib.import_module(_EVAL_FRAME).OptimizedModule
-    if hook not in _COMPILED_MODULE_HOOKS:
-        _COMPILED_MODULE_HOOKS.append(hook)
-    if getattr(optimized_module._initialize, "_warmup_hooks", None) is not None:
-        return
-    original = optimized_module._initialize
-
-    def _initialize(self: Any) -> None:
-        original(self)
-        for each in list(_COMPILED_MODULE_HOOKS):
-            each(self)
-
-    _initialize._warmup_hooks = _COMPILED_MODULE_HOOKS  # type: ignore[attr-defined]
-    optimized_module._initialize = _initialize
+    _run_after(optimized_module, "_initialize", _COMPILED_MODULE_HOOKS, hook)
 
 
 def on_module_compiled_in_place(hook: Callable[[Any], None]) -> None:
@@ -324,20 +312,29 @@ def on_module_compiled_in_place(hook: Callable[[Any], None]) -> None:
     reaches the wrapper too). Imports no Dynamo."""
     _get(_MODULE, "Module.compile")
     module_class = importlib.import_module(_MODULE).Module
-    if hook not in _IN_PLACE_HOOKS:
-        _IN_PLACE_HOOKS.append(hook)
-    if getattr(module_class.compile, "_warmup_hooks", None) is not None:
+    _run_after(module_class, "compile", _IN_PLACE_HOOKS, hook)
+
+
+def _run_after(
+    owner: type, method: str, hooks: list[Callable[[Any], None]], hook: Callable[[Any], None]
+) -> None:
+    """Add `hook` to `hooks` (once), each run on the instance after `owner.method` returns; the method is
+    wrapped once (the wrapper carries `hooks`)."""
+    if hook not in hooks:
+        hooks.append(hook)
+    original = getattr(owner, method)
+    if getattr(original, "_warmup_hooks", None) is not None:
         return
-    original = module_class.compile
 
     @functools.wraps(original)
-    def compile(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        for each in list(_IN_PLACE_HOOKS):
+    def run_hooks_after(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        for each in list(hooks):
             each(self)
+        return result
 
-    compile._warmup_hooks = _IN_PLACE_HOOKS  # type: ignore[attr-defined]
-    module_class.compile = compile
+    run_hooks_after._warmup_hooks = hooks  # type: ignore[attr-defined]
+    setattr(owner, method, run_hooks_after)
 
 
 def remove_compiled_module_hook(hook: Callable[[Any], None]) -> None:
