@@ -28,6 +28,7 @@ from tests.support.jobs import (
     write_spec,
 )
 from warmup.artifacts import list_paths
+from warmup.trace_skip.artifacts import TRACE_DIR
 
 WORLD = 3
 
@@ -41,8 +42,9 @@ def accelerate_config(tmp_path: Path, preset: str) -> Path:
     return path
 
 
-def warm_then_train(preset: str, model: Path, weights: Path, tmp_path: Path, **args: object) -> list[dict]:
-    """Warm the job with `warm_directory`, train it with WORLD processes; every rank's report."""
+def warmed_job(preset: str, model: Path, tmp_path: Path, **args: object) -> tuple[Path, Path, Path]:
+    """The SFT job under `preset`, warmed with `warm_directory` (which rehearses with 2 processes): its spec, its
+    accelerate config and the cache."""
     config = accelerate_config(tmp_path, preset)
     spec_path = write_spec(
         tmp_path / f"sft-{preset}.yaml",
@@ -59,9 +61,13 @@ def warm_then_train(preset: str, model: Path, weights: Path, tmp_path: Path, **a
     )
     cache = tmp_path / "cache"
     assert warm_as_job_of(spec_path, WORLD, cache).processes == 2
+    return spec_path, config, cache
 
+
+def train(spec_path: Path, config: Path, cache: Path, weights: Path, out: Path) -> list[dict]:
+    """The job trained with WORLD processes over `cache`, in fresh processes: every rank's report, each having met the
+    warmed shape with nothing new in the cache but empty lock files."""
     before = list_paths(cache)
-    out = tmp_path / "job.json"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config]
     command += [f"--num_processes={WORLD}", f"--main_process_port={free_port()}", TRAIN_JOB]
     command += ["--spec", spec_path, "--weights", weights, "--cache-dir", cache, "--out", out, "--steps", 2]
@@ -79,6 +85,11 @@ def warm_then_train(preset: str, model: Path, weights: Path, tmp_path: Path, **a
     return reports
 
 
+def warm_then_train(preset: str, model: Path, weights: Path, tmp_path: Path, **args: object) -> list[dict]:
+    """Warm the job, train it with WORLD processes; every rank's report."""
+    return train(*warmed_job(preset, model, tmp_path, **args), weights, tmp_path / "job.json")
+
+
 def test_an_fsdp2_job_warmed_with_two_processes_trains_with_three_compiling_nothing(
     tiny_model_dir, user_weights_dir, tmp_path
 ):
@@ -90,16 +101,29 @@ def test_an_fsdp2_job_warmed_with_two_processes_trains_with_three_compiling_noth
         assert off.startswith("the cache was warmed without it: fsdp2 shards the parameters"), (rank, off)
 
 
-def test_a_zero2_job_warmed_with_two_processes_trains_with_three_serving_its_backbone_untraced_on_every_rank(
+def test_a_zero2_job_warmed_with_two_processes_trains_with_three_served_untraced_or_its_artifacts_refused_from_the_caches(
     tiny_model_dir, user_weights_dir, tmp_path
 ):
-    for rank, ranked in enumerate(warm_then_train("zero2", tiny_model_dir, user_weights_dir, tmp_path)):
+    job = warmed_job("zero2", tiny_model_dir, tmp_path)
+    for rank, ranked in enumerate(train(*job, user_weights_dir, tmp_path / "served.json")):
         assert ranked["distributed_type"] == "DEEPSPEED", rank
         assert _fresh(ranked) == {}, rank
         # DeepSpeed's engine compiles the model in place (nn.Module.compile): its backbone is split off as
         # torch.compile's wrapper's is, and every rank runs the rehearsal's artifacts (warmup/trace_skip/)
         skip = ranked["trace_skip"]
         assert skip["off"] is None and skip["hits"] > 0 and skip["misses"] == 0, (rank, skip)
+
+    artifacts = sorted((job[2] / TRACE_DIR).glob("*.aot"))
+    assert artifacts
+    for path in artifacts:  # damaged in transit: each is refused as it loads
+        path.write_bytes(b"not a compiled function")
+    for rank, ranked in enumerate(train(*job, user_weights_dir, tmp_path / "refused.json")):
+        # every rank traces the split backbone, the graph the warm-up compiled, which the caches serve
+        assert _fresh(ranked) == {}, rank
+        skip = ranked["trace_skip"]
+        assert skip["loaded"] == 0 and sum(skip["refused"].values()) == len(artifacts), (rank, skip)
+        assert skip["hits"] == 0 and skip["misses"] > 0, (rank, skip)
+        assert ranked["counters"]["inductor"].get("fxgraph_cache_hit", 0) > 0, (rank, ranked["counters"])
 
 
 def test_a_zero3_job_warmed_with_two_processes_trains_with_three_compiling_no_kernel(
