@@ -14,6 +14,7 @@ Workers and the API never import each other: they meet only in the database and 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -78,12 +79,22 @@ class WorkerOptions:
     poll_s: float = 2.0
     task_timeout_s: float = 3600.0
     grace_s: float = 60.0  # on SIGTERM: how long the current task may take to finish before it is released
-    work_dir: Path | None = None
+    work_dir: Path | None = None  # where task folders go (None: `task_root`'s default)
     exit_when_idle: bool = False  # for tests and one-shot CI workers
     max_attempts: int = 3  # a rehearsal that crashes or times out is tried this many times
     retry_delay_s: float = 30.0  # before the 2nd attempt; doubles after each failure
     world_sizes: tuple[int, ...] = (1,)  # jobs of these many processes are rehearsed (torchrun beyond 1)
     max_tasks: int | None = None
+
+    def task_root(self) -> Path:
+        """Where the task folders go: `work_dir`, else a folder of the temporary directory named for the queue's
+        database. Every worker of that queue on this host shares it, so a worker started after a killed one finds
+        the folder it abandoned and takes its task back at once; the workers of another queue (another service on
+        the same host) never see it, so none of them removes it first."""
+        if self.work_dir is not None:
+            return self.work_dir
+        queue = hashlib.sha256(self.database_url.encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"trl-warmup-tasks-{queue}"
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> WorkerOptions:
@@ -200,7 +211,7 @@ class Worker:
     def remove_leftovers(self) -> None:
         """Task folders and upload temp files that killed workers left, said and removed; those of live
         workers sharing the folder or the store are locked by them and stay (warmup/leftovers.py)."""
-        work_dir = self.options.work_dir or Path(tempfile.gettempdir())
+        work_dir = self.options.task_root()
         folders = remove_abandoned(sorted(work_dir.glob(f"{TASK_FOLDER}*")))
         self._take_back_tasks_of_killed_workers(folders.paths)
         uploads = self.store.remove_stale_uploads()
@@ -273,9 +284,9 @@ class Worker:
         heartbeat = _Heartbeat(self.queue, task.id, self.options.worker_id, self.options.lease_s)
         heartbeat.start()
         # Locked while the task runs: a worker starting meanwhile leaves it alone (remove_leftovers).
-        lock, work = locked_temp_dir(
-            self.options.work_dir, task_folder_prefix(task.id, self.options.worker_id)
-        )
+        root = self.options.task_root()
+        root.mkdir(parents=True, exist_ok=True)
+        lock, work = locked_temp_dir(root, task_folder_prefix(task.id, self.options.worker_id))
         try:
             result = self._rehearse(Spec.model_validate(task.spec.data), signature, work, heartbeat)
             if heartbeat.lost.is_set():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,18 @@ def test_a_link_is_not_followed(tmp_path: Path, kind: str) -> None:
     link.symlink_to(target)
     assert remove_abandoned([link]).paths == []
     assert target.exists()
+
+
+def test_task_folders_go_to_a_folder_of_their_queue_unless_a_work_dir_is_given(tmp_path: Path) -> None:
+    """Workers of one queue share where their task folders go (a restarted worker finds a killed one's); another
+    queue's workers on the same host (another service) use another folder, so they never remove it first."""
+
+    def options(url: str, work_dir: Path | None = None) -> WorkerOptions:
+        return WorkerOptions(database_url=url, store_url=str(tmp_path / "store"), work_dir=work_dir)
+
+    one, other = "postgresql://db-a/warmup", "postgresql://db-b/warmup"
+    assert options(one).task_root() == options(one).task_root()
+    assert options(one).task_root() != options(other).task_root()
+    assert options(one).task_root().parent == Path(tempfile.gettempdir())
+    assert "db-a" not in str(options(one).task_root())  # named by a digest: a URL may hold a password
+    assert options(one, tmp_path / "work").task_root() == tmp_path / "work"
